@@ -1,0 +1,41 @@
+"""bullmq-compat: a Python client wire-compatible with Node.js BullMQ, with per-group FIFO.
+
+>>> from bullmq_compat import Queue
+>>> queue = Queue("emails", connection="redis://127.0.0.1:6379/0")
+>>> job = await queue.add("send", {"to": "a@b"}, attempts=3)
+"""
+from bullmq_compat._errors import (
+    BullMQCompatError,
+    InvalidArgument,
+    InvalidJobData,
+    InvalidJobId,
+    InvalidJobOptions,
+    InvalidQueueName,
+    JobBelongsToJobScheduler,
+    JobHasFailedChildren,
+    JobLockMismatch,
+    JobLockNotFound,
+    JobNotFound,
+    JobNotInState,
+    JobPendingChildren,
+    ParentJobCannotBeReplaced,
+    ParentJobNotFound,
+    RedisUnavailable,
+    SchedulerJobIdCollision,
+    SchedulerJobSlotsBusy,
+    ScriptError,
+    UpstreamScriptsMissing,
+)
+from bullmq_compat._job import Job
+from bullmq_compat._queue import Queue
+from bullmq_compat._wire.upstream import UPSTREAM_VERSION
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BullMQCompatError", "InvalidArgument", "InvalidJobData", "InvalidJobId", "InvalidJobOptions",
+    "InvalidQueueName", "Job", "JobBelongsToJobScheduler", "JobHasFailedChildren", "JobLockMismatch",
+    "JobLockNotFound", "JobNotFound", "JobNotInState", "JobPendingChildren", "ParentJobCannotBeReplaced",
+    "ParentJobNotFound", "Queue", "RedisUnavailable", "SchedulerJobIdCollision", "SchedulerJobSlotsBusy",
+    "ScriptError", "UPSTREAM_VERSION", "UpstreamScriptsMissing", "__version__",
+]

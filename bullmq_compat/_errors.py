@@ -1,0 +1,128 @@
+"""One exception hierarchy: every error says what the caller did and what to do.
+
+The upstream Lua scripts answer some calls with a negative code; `script_error` turns
+each code into a named exception carrying the message Node BullMQ gives for it.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+
+class BullMQCompatError(Exception):
+    """Base class of every error raised by bullmq-compat."""
+
+
+class UpstreamScriptsMissing(BullMQCompatError):
+    """The upstream BullMQ Lua scripts have not been fetched into the package yet."""
+
+
+class InvalidArgument(BullMQCompatError, ValueError):
+    """Bad input refused at the edge, before anything is written to Redis."""
+
+
+class InvalidQueueName(InvalidArgument):
+    """A queue name that is empty, not a string, or contains ':'."""
+
+
+class InvalidJobId(InvalidArgument):
+    """A custom job id that Node BullMQ would refuse or misread."""
+
+
+class InvalidJobData(InvalidArgument):
+    """Job data (or a return value) that cannot be stored as JSON."""
+
+
+class InvalidJobOptions(InvalidArgument):
+    """An unknown job option, or a value outside the option's rule."""
+
+
+class RedisUnavailable(BullMQCompatError, ConnectionError):
+    """Redis could not be reached at the configured address."""
+
+
+class ScriptError(BullMQCompatError):
+    """An upstream script refused the call with a negative code (see `code`)."""
+
+    code: int = 0
+
+    def __init__(self, message: str, *, job_id: Optional[str] = None, command: str = "") -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.command = command
+
+
+class JobNotFound(ScriptError):
+    code = -1
+
+
+class JobLockNotFound(ScriptError):
+    code = -2
+
+
+class JobNotInState(ScriptError):
+    code = -3
+
+
+class JobPendingChildren(ScriptError):
+    code = -4
+
+
+class ParentJobNotFound(ScriptError):
+    code = -5
+
+
+class JobLockMismatch(ScriptError):
+    code = -6
+
+
+class ParentJobCannotBeReplaced(ScriptError):
+    code = -7
+
+
+class JobBelongsToJobScheduler(ScriptError):
+    code = -8
+
+
+class JobHasFailedChildren(ScriptError):
+    code = -9
+
+
+class SchedulerJobIdCollision(ScriptError):
+    code = -10
+
+
+class SchedulerJobSlotsBusy(ScriptError):
+    code = -11
+
+
+# code -> (exception class, message template); the messages are Node BullMQ's.
+_SCRIPT_ERRORS: dict[int, tuple[type[ScriptError], str]] = {
+    -1: (JobNotFound, "Missing key for job {job_id}. {command}"),
+    -2: (JobLockNotFound, "Missing lock for job {job_id}. {command}"),
+    -3: (JobNotInState, "Job {job_id} is not in the {state} state. {command}"),
+    -4: (JobPendingChildren, "Job {job_id} has pending dependencies. {command}"),
+    -5: (ParentJobNotFound, "Missing key for parent job {parent_key}. {command}"),
+    -6: (JobLockMismatch, "Lock mismatch for job {job_id}. Cmd {command} from {state}"),
+    -7: (ParentJobCannotBeReplaced, "The parent job {parent_key} cannot be replaced. {command}"),
+    -8: (JobBelongsToJobScheduler,
+         "Job {job_id} belongs to a job scheduler and cannot be removed directly. {command}"),
+    -9: (JobHasFailedChildren,
+         "Cannot complete job {job_id} because it has at least one failed child. {command}"),
+    -10: (SchedulerJobIdCollision,
+          "Cannot create job scheduler iteration - job ID already exists. {command}"),
+    -11: (SchedulerJobSlotsBusy,
+          "Cannot create job scheduler iteration - current and next time slots already have jobs. {command}"),
+}
+
+
+def script_error(code: int, *, job_id: Optional[str] = None, command: str = "", state: str = "",
+                 parent_key: Optional[str] = None) -> ScriptError:
+    """The exception for an upstream script's negative return `code`."""
+    entry = _SCRIPT_ERRORS.get(int(code))
+    if entry is None:
+        err = ScriptError(f"Unknown code {code} error for {job_id}. {command}", job_id=job_id, command=command)
+        err.code = int(code)
+        return err
+    cls, template = entry
+    message = template.format(job_id=job_id, command=command, state=state, parent_key=parent_key)
+    return cls(message, job_id=job_id, command=command)

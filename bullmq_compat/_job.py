@@ -1,0 +1,240 @@
+"""Job: one job hash, read and changed only through the upstream scripts."""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Mapping, Optional
+
+from bullmq_compat._errors import BullMQCompatError, InvalidArgument, script_error
+from bullmq_compat._wire import codec
+from bullmq_compat._wire.options import from_wire, normalize_job_options
+
+if TYPE_CHECKING:
+    from bullmq_compat._queue import QueueBase
+
+
+def _int(raw: Mapping[str, str], field: str, default: Optional[int] = 0) -> Optional[int]:
+    value = raw.get(field)
+    if value in (None, ""):
+        return default
+    try:
+        return int(float(value))  # type: ignore[arg-type]
+    except ValueError:
+        return default
+
+
+def _json(text: Optional[str], default: Any) -> Any:
+    if text is None:
+        return default
+    try:
+        return codec.loads(text)
+    except ValueError:
+        return default
+
+
+class Job:
+    """A job of a queue, as Node BullMQ's Job shows it, with Python names.
+
+    >>> job = await queue.add("send", {"to": "a@b"}, attempts=3)
+    >>> await job.get_state()
+    'waiting'
+    """
+
+    def __init__(self, queue: "QueueBase", name: str, data: Any = None,
+                 opts: Optional[Mapping[str, Any]] = None, id: Optional[str] = None) -> None:
+        self.queue = queue
+        self.id = id
+        self.name = name
+        self.data: Any = {} if data is None else data
+        self.opts: dict[str, Any] = dict(opts or {})
+        self.timestamp = 0
+        self.delay = int(self.opts.get("delay") or 0)
+        self.priority = int(self.opts.get("priority") or 0)
+        self.attempts_made = 0
+        self.attempts_started = 0
+        self.stalled_counter = 0
+        self.processed_on: Optional[int] = None
+        self.finished_on: Optional[int] = None
+        self.returnvalue: Any = None
+        self.failed_reason: Optional[str] = None
+        self.stacktrace: list[str] = []
+        self.progress: Any = 0
+        self.parent_key: Optional[str] = None
+        self.parent: Optional[dict[str, Any]] = None
+        self.repeat_job_key: Optional[str] = None
+        self.deduplication_id: Optional[str] = None
+        self.processed_by: Optional[str] = None
+        self.token: Optional[str] = None
+        #: why the stored hash could not be read as a job (foreign or corrupt payload), else None
+        self.parse_error: Optional[str] = None
+
+    # -- reading --------------------------------------------------------------------------
+    @classmethod
+    def from_raw(cls, queue: "QueueBase", job_id: str, raw: Mapping[str, str]) -> "Job":
+        """Build a Job from its hash fields, as upstream stores them."""
+        problems: list[str] = []
+        data_text = raw.get("data")
+        if data_text is None:
+            data: Any = {}
+        else:
+            try:
+                data = codec.loads(data_text)
+            except ValueError as err:
+                data = data_text
+                problems.append(f"data is not JSON ({err})")
+        try:
+            stored_opts = codec.loads(raw.get("opts") or "{}")
+            if not isinstance(stored_opts, dict):
+                raise ValueError("not an object")
+        except ValueError as err:
+            stored_opts = {}
+            problems.append(f"opts is not a JSON object ({err})")
+        if "name" not in raw:
+            problems.append("the job hash has no name")
+        job = cls(queue, raw.get("name", ""), data, from_wire(stored_opts), job_id)
+        job.timestamp = _int(raw, "timestamp") or 0
+        job.delay = _int(raw, "delay") or 0
+        job.priority = _int(raw, "priority") or 0
+        job.attempts_started = _int(raw, "ats") or 0
+        job.attempts_made = _int(raw, "attemptsMade", None) or _int(raw, "atm") or 0
+        job.stalled_counter = _int(raw, "stc") or 0
+        job.processed_on = _int(raw, "processedOn", None)
+        job.finished_on = _int(raw, "finishedOn", None)
+        job.progress = _json(raw.get("progress"), raw.get("progress", 0))
+        if "returnvalue" in raw:
+            job.returnvalue = _json(raw["returnvalue"], raw["returnvalue"])
+        job.failed_reason = raw.get("failedReason")
+        traces = _json(raw.get("stacktrace"), [])
+        job.stacktrace = traces if isinstance(traces, list) else []
+        job.parent_key = raw.get("parentKey") or None
+        job.parent = _json(raw.get("parent"), None)
+        job.repeat_job_key = raw.get("rjk")
+        job.deduplication_id = raw.get("deid")
+        job.processed_by = raw.get("pb")
+        job.parse_error = "; ".join(problems) or None
+        return job
+
+    @property
+    def full_key(self) -> str:
+        return self.queue.keys.job(str(self.id))
+
+    @property
+    def attempts(self) -> int:
+        return int(self.opts.get("attempts") or 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The job's fields as a plain dict (for logs, JSON APIs and tests)."""
+        return {
+            "id": self.id, "name": self.name, "data": self.data, "opts": self.opts,
+            "timestamp": self.timestamp, "delay": self.delay, "priority": self.priority,
+            "attempts_made": self.attempts_made, "attempts_started": self.attempts_started,
+            "processed_on": self.processed_on, "finished_on": self.finished_on,
+            "returnvalue": self.returnvalue, "failed_reason": self.failed_reason,
+            "stacktrace": self.stacktrace, "progress": self.progress, "parent_key": self.parent_key,
+            "processed_by": self.processed_by,
+        }
+
+    def __repr__(self) -> str:
+        return f"<Job {self.queue.name}:{self.id} name={self.name!r}>"
+
+    async def get_state(self) -> str:
+        """'completed', 'failed', 'delayed', 'active', 'waiting', 'waiting-children', 'prioritized' or 'unknown'."""
+        return await self.queue.get_job_state(str(self.id))
+
+    async def is_completed(self) -> bool:
+        return await self.get_state() == "completed"
+
+    async def is_failed(self) -> bool:
+        return await self.get_state() == "failed"
+
+    async def is_waiting(self) -> bool:
+        return await self.get_state() == "waiting"
+
+    async def is_delayed(self) -> bool:
+        return await self.get_state() == "delayed"
+
+    async def is_active(self) -> bool:
+        return await self.get_state() == "active"
+
+    # -- changing ---------------------------------------------------------------------------
+    async def _run(self, script: str, keys: list[Any], args: list[Any], *, state: str = "") -> Any:
+        result = await self.queue.runner.call(script, keys, args)
+        if isinstance(result, int) and result < 0:
+            raise script_error(result, job_id=str(self.id), command=script, state=state)
+        return result
+
+    async def update_data(self, data: Any) -> None:
+        """Replace the job's data (JSON-serialisable)."""
+        text = codec.dumps(data)
+        await self._run("updateData", [self.full_key], [text])
+        self.data = data
+
+    async def update_progress(self, progress: Any) -> None:
+        """Set progress (a number or a JSON-serialisable object) and emit the 'progress' event."""
+        text = codec.dumps(progress, what="progress")
+        keys = self.queue.keys
+        await self._run("updateProgress", [self.full_key, keys.events, keys.meta], [self.id, text])
+        self.progress = progress
+
+    async def log(self, row: str) -> int:
+        """Append a log line; returns the number of lines kept."""
+        keep = self.opts.get("keep_logs")
+        return int(await self._run("addLog", [self.full_key, self.full_key + ":logs"],
+                                   [self.id, str(row), keep if keep else ""]))
+
+    async def remove(self, remove_children: bool = True) -> None:
+        """Remove the job (and, by default, its children), as Node's `job.remove()`."""
+        removed = await self.queue.remove(str(self.id), remove_children=remove_children)
+        if not removed:
+            raise BullMQCompatError(
+                f"Job {self.id} could not be removed because it is locked by another worker")
+
+    async def retry(self, state: str = "failed", *, reset_attempts_made: bool = False,
+                    reset_attempts_started: bool = False) -> None:
+        """Move a failed (or completed) job back to waiting."""
+        if state not in ("failed", "completed"):
+            raise InvalidArgument(f"state={state!r}: a job can be retried from 'failed' or 'completed' only")
+        keys = self.queue.keys
+        result = await self.queue.runner.call("reprocessJob", [
+            self.full_key, keys.events, keys[state], keys.wait, keys.meta, keys.active, keys.marker,
+            keys.prioritized, keys.pc,
+        ], [self.id, ("R" if self.opts.get("lifo") else "L") + "PUSH",
+            "failedReason" if state == "failed" else "returnvalue", state,
+            "1" if reset_attempts_made else "0", "1" if reset_attempts_started else "0"])
+        if result != 1:
+            raise script_error(result, job_id=str(self.id), command="reprocessJob", state=state)
+        self.failed_reason = None
+        self.finished_on = None
+        self.processed_on = None
+        self.returnvalue = None
+        if reset_attempts_made:
+            self.attempts_made = 0
+        if reset_attempts_started:
+            self.attempts_started = 0
+
+    async def promote(self) -> None:
+        """Move a delayed job to waiting now."""
+        keys = self.queue.keys
+        await self._run("promote", [keys.delayed, keys.wait, keys.paused, keys.meta, keys.prioritized,
+                                    keys.active, keys.pc, keys.events, keys.marker],
+                        [keys.prefix_key, self.id], state="delayed")
+        self.delay = 0
+
+    async def change_delay(self, delay: int) -> None:
+        """Reschedule a delayed job to run `delay` ms from now."""
+        delay = normalize_job_options({"delay": delay})["delay"]
+        keys = self.queue.keys
+        await self._run("changeDelay", [keys.delayed, keys.meta, keys.marker, keys.events],
+                        [delay, str(int(time.time() * 1000)), self.id, self.full_key], state="delayed")
+        self.delay = delay
+
+    async def change_priority(self, priority: int = 0, lifo: bool = False) -> None:
+        """Change the priority of a waiting or prioritized job."""
+        priority = normalize_job_options({"priority": priority})["priority"]
+        keys = self.queue.keys
+        await self._run("changePriority", [keys.wait, keys.paused, keys.meta, keys.prioritized,
+                                           keys.active, keys.pc, keys.marker],
+                        [priority, keys.prefix_key, self.id, 1 if lifo else 0])
+        self.priority = priority
+
+    async def get_logs(self, start: int = 0, end: int = -1, asc: bool = True) -> dict[str, Any]:
+        return await self.queue.get_job_logs(str(self.id), start, end, asc)

@@ -1,0 +1,84 @@
+"""Turning one `add` into one upstream script call, choosing the script the way Node does."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+from bullmq_compat._errors import InvalidArgument, InvalidJobOptions
+from bullmq_compat._wire import codec
+from bullmq_compat._wire.keys import QueueKeys
+from bullmq_compat._wire.lua import Script, upstream_scripts
+from bullmq_compat._wire.options import to_wire
+
+
+@dataclass
+class PreparedAdd:
+    """Everything needed to send one add, and to build the Job it returns."""
+
+    name: str
+    data: Any
+    data_json: str
+    opts: dict[str, Any]          # Node-form options
+    wire_opts: dict[str, Any]     # what is packed and stored
+    timestamp: int
+    job_id: Optional[str]
+    script: Script
+    keys: list[str]
+    args: list[Any]
+
+
+def check_job_name(name: Any) -> str:
+    if not isinstance(name, str):
+        raise InvalidArgument(f"job name {name!r} must be a str")
+    return name
+
+
+def prepare_add(keys: QueueKeys, name: str, data: Any, opts: Mapping[str, Any], *,
+                parent_key: Optional[str] = None, parent_dependencies_key: Optional[str] = None,
+                parent: Optional[Mapping[str, Any]] = None, add_to_waiting_children: bool = False,
+                defer_parent_release: bool = False) -> PreparedAdd:
+    """Validate and encode one job; ``opts`` is already normalised and merged (Node form)."""
+    check_job_name(name)
+    data_json = codec.dumps({} if data is None else data)
+    size_limit = opts.get("sizeLimit")
+    if size_limit and len(data_json.encode("utf-8")) > size_limit:
+        raise InvalidJobOptions(
+            f"the data of job {name!r} is {len(data_json.encode('utf-8'))} bytes, over size_limit={size_limit}")
+    timestamp = int(opts.get("timestamp") or time.time() * 1000)
+    job_id = opts.get("jobId")
+    wire_opts = to_wire(opts)
+    dedup = opts.get("deduplication")
+    args = [
+        keys.prefix_key,
+        job_id if job_id is not None else "",
+        name,
+        timestamp,
+        parent_key,
+        parent_dependencies_key,
+        dict(parent) if parent else None,
+        opts.get("repeatJobKey"),
+        f"{keys.de}:{dedup['id']}" if dedup else None,
+        1 if defer_parent_release else None,
+    ]
+    scripts = upstream_scripts()
+    delay = opts.get("delay")
+    if add_to_waiting_children:
+        script = scripts["addParentJob"]
+        script_keys = [keys.meta, keys.id, keys.delayed, keys.waiting_children, keys.completed, keys.events]
+    elif isinstance(delay, (int, float)) and delay > 0:
+        script = scripts["addDelayedJob"]
+        script_keys = [keys.marker, keys.meta, keys.id, keys.delayed, keys.completed, keys.events]
+    elif opts.get("priority"):
+        script = scripts["addPrioritizedJob"]
+        script_keys = [keys.marker, keys.meta, keys.id, keys.prioritized, keys.delayed, keys.completed,
+                       keys.active, keys.events, keys.pc]
+    else:
+        script = scripts["addStandardJob"]
+        script_keys = [keys.wait, keys.paused, keys.meta, keys.id, keys.completed, keys.delayed,
+                       keys.active, keys.events, keys.marker]
+    return PreparedAdd(
+        name=name, data=data if data is not None else {}, data_json=data_json, opts=dict(opts),
+        wire_opts=wire_opts, timestamp=timestamp, job_id=job_id, script=script, keys=script_keys,
+        args=[codec.pack(args), data_json, codec.pack(wire_opts)],
+    )

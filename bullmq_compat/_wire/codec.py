@@ -1,0 +1,64 @@
+"""Encoding as Node BullMQ encodes: JSON text for data and results, msgpack for script args."""
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+import msgpack
+
+from bullmq_compat._errors import InvalidJobData
+
+_json_encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_json_decoder = json.JSONDecoder()
+
+
+def dumps(value: Any, *, what: str = "data") -> str:
+    """JSON text as JavaScript's JSON.stringify writes it (compact, UTF-8, no NaN)."""
+    try:
+        return _json_encoder.encode(value)
+    except (TypeError, ValueError) as err:
+        raise InvalidJobData(
+            f"job {what} {_short(value)} is not JSON-serialisable ({err}); "
+            "pass dicts, lists, str, int, float, bool or None") from None
+
+
+def loads(text: str) -> Any:
+    return _json_decoder.decode(text)
+
+
+def pack(value: Any) -> bytes:
+    """msgpack as upstream's msgpackr packs script arguments (str as str, None as nil)."""
+    return msgpack.packb(value, use_bin_type=True)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def to_str(value: Any) -> Any:
+    """Decode bytes replies (from a client without decode_responses) recursively."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, list):
+        return [to_str(v) for v in value]
+    return value
+
+
+def flat_to_dict(flat: list[Any]) -> dict[str, str]:
+    """A Redis flat [field, value, ...] array → dict of str."""
+    items = to_str(flat)
+    return dict(zip(items[0::2], items[1::2]))
+
+
+def str_dict(mapping: Mapping[Any, Any]) -> dict[str, str]:
+    """A hash reply (bytes or str keys and values) → dict of str."""
+    return {to_str(k): to_str(v) for k, v in mapping.items()}
+
+
+def dict_to_flat(mapping: Mapping[str, Any]) -> list[Any]:
+    flat: list[Any] = []
+    for key, value in mapping.items():
+        flat.append(key)
+        flat.append(value)
+    return flat

@@ -1,0 +1,103 @@
+"""Where the tests get a Redis: REDIS_URL, a testcontainers Redis, or a redis-server of our own.
+
+Tests never flush a Redis they did not start; they use unique queue names instead.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from typing import Iterator
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ping(port: int, timeout: float = 0.2) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class RedisServer:
+    """A redis-server child process on a free loopback port, in a temporary directory."""
+
+    def __init__(self, port: int | None = None, extra_args: tuple[str, ...] = ()) -> None:
+        self.port = port or free_port()
+        self.dir = tempfile.mkdtemp(prefix="bullmq-compat-redis-")
+        self.extra_args = extra_args
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> "RedisServer":
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not on PATH: install it (apt-get install redis-server) or set REDIS_URL")
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", self.dir, *self.extra_args],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while not _ping(self.port):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server did not start on port {self.port}")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _docker_answers() -> bool:
+    if not (os.path.exists("/var/run/docker.sock") or os.environ.get("DOCKER_HOST")):
+        return False
+    try:
+        import docker  # type: ignore[import-untyped]
+
+        docker.from_env(timeout=2).ping()
+        return True
+    except Exception:
+        return False
+
+
+@contextlib.contextmanager
+def redis_for_tests() -> Iterator[str]:
+    """Yield a Redis URL for the test session, starting (and later stopping) a server when needed."""
+    url = os.environ.get("REDIS_URL")
+    if url:
+        yield url
+        return
+    if _docker_answers():
+        from testcontainers.redis import RedisContainer  # type: ignore[import-untyped]
+
+        with RedisContainer("redis:7.0") as container:
+            host = container.get_container_host_ip()
+            port = container.get_exposed_port(6379)
+            yield f"redis://{host}:{port}/0"
+        return
+    server = RedisServer().start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
