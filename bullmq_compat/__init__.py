@@ -6,6 +6,10 @@
 """
 from bullmq_compat._errors import (
     BullMQCompatError,
+    DelayedError,
+    RateLimitError,
+    UnrecoverableError,
+    WaitingChildrenError,
     InvalidArgument,
     InvalidJobData,
     InvalidJobId,
@@ -28,12 +32,15 @@ from bullmq_compat._errors import (
 )
 from bullmq_compat._job import Job
 from bullmq_compat._queue import Queue
+from bullmq_compat._sandbox import ChildCrashed, SandboxedJob
+from bullmq_compat._worker import Worker
 from bullmq_compat._wire.upstream import UPSTREAM_VERSION
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "BullMQCompatError", "InvalidArgument", "InvalidJobData", "InvalidJobId", "InvalidJobOptions",
+    "BullMQCompatError", "ChildCrashed", "DelayedError", "RateLimitError", "SandboxedJob",
+    "UnrecoverableError", "WaitingChildrenError", "Worker", "InvalidArgument", "InvalidJobData", "InvalidJobId", "InvalidJobOptions",
     "InvalidQueueName", "Job", "JobBelongsToJobScheduler", "JobHasFailedChildren", "JobLockMismatch",
     "JobLockNotFound", "JobNotFound", "JobNotInState", "JobPendingChildren", "ParentJobCannotBeReplaced",
     "ParentJobNotFound", "Queue", "RedisUnavailable", "SchedulerJobIdCollision", "SchedulerJobSlotsBusy",

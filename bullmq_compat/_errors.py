@@ -126,3 +126,29 @@ def script_error(code: int, *, job_id: Optional[str] = None, command: str = "", 
     cls, template = entry
     message = template.format(job_id=job_id, command=command, state=state, parent_key=parent_key)
     return cls(message, job_id=job_id, command=command)
+
+
+# -- raised by processors to steer what the worker does with the job --------------------------
+class UnrecoverableError(BullMQCompatError):
+    """Raise from a processor to fail the job at once, whatever attempts remain."""
+
+
+class RateLimitError(BullMQCompatError):
+    """Raise (after `worker.rate_limit(ms)`) to put the job back to waiting, not failed."""
+
+    def __init__(self, message: str = "bullmq:rateLimitExceeded") -> None:
+        super().__init__(message)
+
+
+class DelayedError(BullMQCompatError):
+    """Raise after `job.move_to_delayed(ts, token)`: the job was moved, do not finish it."""
+
+    def __init__(self, message: str = "bullmq:movedToDelayed") -> None:
+        super().__init__(message)
+
+
+class WaitingChildrenError(BullMQCompatError):
+    """Raise after `job.move_to_waiting_children(token)`: the job waits for its children."""
+
+    def __init__(self, message: str = "bullmq:movedToWaitingChildren") -> None:
+        super().__init__(message)

@@ -2,9 +2,17 @@
 from __future__ import annotations
 
 import time
+import traceback
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-from bullmq_compat._errors import BullMQCompatError, InvalidArgument, script_error
+from bullmq_compat._backoff import retry_delay
+from bullmq_compat._errors import (
+    BullMQCompatError,
+    InvalidArgument,
+    JobLockNotFound,
+    UnrecoverableError,
+    script_error,
+)
 from bullmq_compat._wire import codec
 from bullmq_compat._wire.options import from_wire, normalize_job_options
 
@@ -174,6 +182,7 @@ class Job:
         keys = self.queue.keys
         await self._run("updateProgress", [self.full_key, keys.events, keys.meta], [self.id, text])
         self.progress = progress
+        self.queue.emit("progress", self, progress)
 
     async def log(self, row: str) -> int:
         """Append a log line; returns the number of lines kept."""
@@ -238,3 +247,92 @@ class Job:
 
     async def get_logs(self, start: int = 0, end: int = -1, asc: bool = True) -> dict[str, Any]:
         return await self.queue.get_job_logs(str(self.id), start, end, asc)
+
+    # -- finishing (what a worker does; also usable by hand with a token) --------------------------
+    async def _finish(self, call: Any, command: str) -> Any:
+        reply = await self.queue.finish_call(call)
+        if isinstance(reply, int) and reply < 0:
+            raise script_error(reply, job_id=str(self.id), command=command, state="active")
+        return reply
+
+    async def move_to_completed(self, return_value: Any, token: str, fetch_next: bool = False) -> Any:
+        """Complete this active job (its lock ``token`` must match); returns the raw next-job reply
+        when ``fetch_next``. Raises `InvalidJobData` for a value that is not JSON."""
+        value = codec.dumps(return_value, what="return value")
+        now = int(time.time() * 1000)
+        reply = await self._finish(self.queue.worker_calls().move_to_finished(
+            str(self.id), self.opts, "completed", value, token, now, fetch_next), "moveToFinished")
+        self.returnvalue = return_value
+        self.finished_on = now
+        self.attempts_made += 1
+        return reply
+
+    async def move_to_failed(self, err: BaseException, token: str, fetch_next: bool = False) -> Any:
+        """Fail this attempt as Node does: retry (now, or after the backoff) while attempts remain and
+        the error is not an `UnrecoverableError`; else move to failed. Returns the raw next-job reply."""
+        reason = str(err) or type(err).__name__
+        self.stacktrace = list(self.stacktrace or [])
+        self.stacktrace.append("".join(traceback.format_exception(type(err), err, err.__traceback__)).rstrip())
+        limit = self.opts.get("stack_trace_limit")
+        if limit == 0:
+            self.stacktrace = []
+        elif limit:
+            self.stacktrace = self.stacktrace[-int(limit):]
+        unrecoverable = isinstance(err, UnrecoverableError) or type(err).__name__ == "UnrecoverableError"
+        max_started = self.queue.max_started_attempts
+        should_retry, delay = False, 0
+        if (self.attempts_made + 1 < self.attempts and not unrecoverable
+                and not (max_started and max_started <= self.attempts_started)):
+            try:
+                delay = await retry_delay(self.opts.get("backoff"), self.attempts_made + 1, err, self,
+                                          self.queue.backoff_strategy)
+                should_retry, delay = delay != -1, max(delay, 0)
+            except Exception as backoff_err:
+                reason = f"{reason} (and the backoff failed: {backoff_err})"
+        fields = {"failedReason": reason, "stacktrace": codec.dumps(self.stacktrace)}
+        now = int(time.time() * 1000)
+        calls = self.queue.worker_calls()
+        job_id = str(self.id)
+        reply: Any = None
+        if should_retry and delay:
+            reply = await self._finish(calls.move_to_delayed(
+                job_id, now, delay, token, fields_to_update=fields, fetch_next=fetch_next), "moveToDelayed")
+            self.delay = delay
+        elif should_retry:
+            await self._finish(calls.retry_job(job_id, bool(self.opts.get("lifo")), token, now, fields), "retryJob")
+        else:
+            reply = await self._finish(calls.move_to_finished(
+                job_id, self.opts, "failed", reason, token, now, fetch_next, fields), "moveToFinished")
+            self.finished_on = now
+        self.failed_reason = reason
+        self.attempts_made += 1
+        return reply
+
+    async def move_to_delayed(self, timestamp: int, token: str) -> None:
+        """From a processor: postpone this job until ``timestamp`` (ms), then raise `DelayedError`."""
+        now = int(time.time() * 1000)
+        delay = max(int(timestamp) - now, 0)
+        await self._finish(self.queue.worker_calls().move_to_delayed(
+            str(self.id), now, delay, token, skip_attempt=True), "moveToDelayed")
+        self.delay = delay
+
+    async def move_to_waiting_children(self, token: str, child: Optional[Mapping[str, str]] = None) -> bool:
+        """From a processor: wait for this job's children; True when moved (then raise
+        `WaitingChildrenError`), False when it has no pending children."""
+        child_key = f"{self.queue.prefix}:{child['queue']}:{child['id']}" if child else ""
+        reply = await self._finish(self.queue.worker_calls().move_to_waiting_children(
+            str(self.id), token, int(time.time() * 1000), child_key), "moveToWaitingChildren")
+        return reply == 0
+
+    async def extend_lock(self, token: str, duration: int) -> None:
+        """Keep this active job's lock for ``duration`` more ms (the worker does this on its own)."""
+        reply = await self.queue.finish_call(self.queue.worker_calls().extend_lock(str(self.id), token, duration))
+        if not reply:
+            raise JobLockNotFound(f"Missing lock for job {self.id}. extendLock", job_id=str(self.id),
+                                  command="extendLock")
+
+    async def move_to_wait(self, token: str) -> int:
+        """Put this active job back to waiting (as the worker does for `RateLimitError`); returns the
+        queue's rate-limit TTL in ms."""
+        return int(await self._finish(self.queue.worker_calls().move_from_active_to_wait(str(self.id), token),
+                                      "moveJobFromActiveToWait") or 0)

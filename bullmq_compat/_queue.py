@@ -2,17 +2,20 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from bullmq_compat._connection import Connection, RedisHandle
 from bullmq_compat._errors import InvalidArgument, InvalidQueueName, script_error
+from bullmq_compat._events import EventEmitter
 from bullmq_compat._job import Job
 from bullmq_compat._wire import codec
 from bullmq_compat._wire.adding import PreparedAdd, prepare_add
 from bullmq_compat._wire.keys import QueueKeys
 from bullmq_compat._wire.options import from_wire, merge_defaults, normalize_job_options
 from bullmq_compat._wire.runner import ScriptRunner
+from bullmq_compat._wire.worker_calls import WorkerCalls, WorkerWireOptions
 
 LIBRARY_VERSION = "bullmq-compat:0.1.0"
 
@@ -50,10 +53,11 @@ def _wire_state(state: str) -> str:
     return "wait" if state == "waiting" else state
 
 
-class QueueBase:
+class QueueBase(EventEmitter):
     """What every queue-bound class shares: name, prefix, keys, the connection and the scripts."""
 
     def __init__(self, name: str, connection: Connection = None, *, prefix: str = "bull") -> None:
+        super().__init__()
         self.name = check_queue_name(name)
         self.prefix = check_prefix(prefix)
         self.keys = QueueKeys(self.prefix, self.name)
@@ -61,11 +65,32 @@ class QueueBase:
         self.client: Any = self._redis.client
         self.runner = ScriptRunner(self.client)
         self._ready: Optional[asyncio.Future[None]] = None
+        self._worker_calls: Optional[WorkerCalls] = None
         self.closing = False
 
     @property
     def qualified_name(self) -> str:
         return self.keys.qualified_name
+
+    def client_name(self, suffix: str = "") -> str:
+        """Upstream's connection name, ``<prefix>:<base64(queue)><suffix>``, as CLIENT LIST shows it."""
+        return f"{self.prefix}:{base64.b64encode(self.name.encode()).decode()}{suffix}"
+
+    # a Worker overrides these three: its own options, channel and retry settings
+    backoff_strategy: Any = None
+    max_started_attempts: Optional[int] = None
+
+    async def finish_call(self, call: Any) -> Any:
+        """Send one worker-side script call (see `WorkerCalls`)."""
+        await self.wait_until_ready()
+        script, keys, args = call
+        return await self.runner.call(script, keys, args)
+
+    def worker_calls(self) -> "WorkerCalls":
+        """Builders of worker-side script calls, with this queue's worker options (defaults here)."""
+        if self._worker_calls is None:
+            self._worker_calls = WorkerCalls(self.keys, WorkerWireOptions())
+        return self._worker_calls
 
     async def wait_until_ready(self) -> None:
         """Check once that Redis answers (naming the URL when it does not) and run first-use set-up."""
@@ -99,6 +124,24 @@ class QueueBase:
         if not raw:
             return None
         return Job.from_raw(self, str(job_id), codec.str_dict(raw))
+
+    async def get_workers(self) -> list[dict[str, str]]:
+        """The workers (of any language) connected to this queue, from CLIENT LIST, as Node lists them."""
+        await self.wait_until_ready()
+        unnamed, named = self.client_name(), self.client_name(":w:")
+        listing = await self.client.execute_command("CLIENT", "LIST")
+        lines = codec.to_str(listing)
+        if isinstance(lines, list):
+            lines = "\n".join(lines)
+        workers = []
+        for line in str(lines).splitlines():
+            fields = dict(kv.split("=", 1) for kv in line.split(" ") if "=" in kv)
+            name = fields.get("name", "")
+            if name and (name == unnamed or name.startswith(named)):
+                fields["rawname"] = name
+                fields["name"] = self.name  # as Node's getWorkers: the queue name; rawname has the rest
+                workers.append(fields)
+        return workers
 
     async def get_job_state(self, job_id: str) -> str:
         await self.wait_until_ready()

@@ -1,0 +1,60 @@
+"""A small event emitter: `on`, `once`, `off`, `emit`, with sync or async listeners."""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from typing import Any, Callable
+
+logger = logging.getLogger("bullmq_compat")
+
+Listener = Callable[..., Any]
+
+
+class EventEmitter:
+    """Node-style events. An async listener runs as a task; a listener's error is logged, never raised."""
+
+    def __init__(self) -> None:
+        self._listeners: dict[str, list[tuple[Listener, bool]]] = {}
+        self._listener_tasks: set[asyncio.Task[Any]] = set()
+
+    def on(self, event: str, listener: Listener) -> "EventEmitter":
+        """Call ``listener`` each time ``event`` happens, e.g. ``worker.on("completed", cb)``."""
+        self._listeners.setdefault(event, []).append((listener, False))
+        return self
+
+    def once(self, event: str, listener: Listener) -> "EventEmitter":
+        self._listeners.setdefault(event, []).append((listener, True))
+        return self
+
+    def off(self, event: str, listener: Listener) -> "EventEmitter":
+        entries = self._listeners.get(event, [])
+        self._listeners[event] = [(fn, once) for fn, once in entries if fn is not listener]
+        return self
+
+    def listener_count(self, event: str) -> int:
+        return len(self._listeners.get(event, ()))
+
+    def emit(self, event: str, *args: Any) -> bool:
+        entries = self._listeners.get(event)
+        if not entries:
+            if event == "error" and args:
+                logger.error("unhandled 'error' event: %s", args[0])
+            return False
+        if any(once for _, once in entries):
+            self._listeners[event] = [(fn, once) for fn, once in entries if not once]
+        for listener, _ in entries:
+            try:
+                result = listener(*args)
+                if inspect.isawaitable(result):
+                    task = asyncio.ensure_future(result)
+                    self._listener_tasks.add(task)
+                    task.add_done_callback(self._listener_done)
+            except Exception:  # a listener must never break the worker
+                logger.exception("listener for %r failed", event)
+        return True
+
+    def _listener_done(self, task: "asyncio.Task[Any]") -> None:
+        self._listener_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("async listener failed: %r", task.exception())

@@ -1,0 +1,145 @@
+"""Where a worker's hot script calls go: a pipelining FastConnection, or redis-py as fallback.
+
+Both channels take the (script, keys, args) calls built by `WorkerCalls`. The fast one
+sends every call made in one loop tick in one write and parses replies with hiredis; the
+redis-py one serves what the fast path cannot (Redis Cluster, Sentinel-managed pools).
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Optional
+
+import redis.asyncio as aioredis
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from bullmq_compat._wire.fastconn import FastConnection, FastPathUnavailable, ReplyError
+from bullmq_compat._wire.runner import ScriptRunner
+from bullmq_compat._wire.worker_calls import Call
+
+
+class Channel:
+    """Script calls plus a blocking marker wait, over connections the channel owns."""
+
+    async def call(self, call: Call) -> Any:
+        raise NotImplementedError
+
+    async def wait_marker(self, marker_key: str, timeout: float) -> Optional[tuple[str, float]]:
+        """BZPOPMIN on the queue marker: (member, score), or None on timeout."""
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+
+class FastChannel(Channel):
+    """One pipelined connection for calls and one for the blocking wait, reopened when lost."""
+
+    def __init__(self, client: Any, blocking_name: Optional[str]) -> None:
+        self._client = client
+        self._blocking_name = blocking_name
+        self._conn: Optional[FastConnection] = None
+        self._blocking: Optional[FastConnection] = None
+        self._opening: Optional[asyncio.Future[FastConnection]] = None
+        self._closed = False
+
+    @classmethod
+    async def open(cls, client: Any, blocking_name: Optional[str]) -> "FastChannel":
+        channel = cls(client, blocking_name)
+        channel._conn = await FastConnection.from_redis_py(client)  # raises FastPathUnavailable
+        return channel
+
+    async def _connection(self) -> FastConnection:
+        conn = self._conn
+        if conn is not None and not conn.closed:
+            return conn
+        if self._closed:
+            raise ConnectionError("the worker's connection is closed")
+        if self._opening is None:
+            self._opening = asyncio.ensure_future(FastConnection.from_redis_py(self._client))
+        try:
+            self._conn = await asyncio.shield(self._opening)
+        finally:
+            self._opening = None
+        return self._conn
+
+    async def call(self, call: Call) -> Any:
+        script, keys, args = call
+        conn = self._conn
+        if conn is None or conn.closed:
+            conn = await self._connection()
+        try:
+            return await conn.execute(b"EVALSHA", script.sha, len(keys), *keys,
+                                      *("" if a is None else a for a in args))
+        except ReplyError as err:
+            if err.code != "NOSCRIPT":
+                raise
+            return await conn.execute(b"EVAL", script.lua, len(keys), *keys,
+                                      *("" if a is None else a for a in args))
+
+    async def wait_marker(self, marker_key: str, timeout: float) -> Optional[tuple[str, float]]:
+        conn = self._blocking
+        if conn is None or conn.closed:
+            if self._closed:
+                return None
+            conn = self._blocking = await FastConnection.from_redis_py(self._client, self._blocking_name)
+        reply = await conn.execute(b"BZPOPMIN", marker_key, timeout)
+        if not reply:
+            return None
+        return reply[1].decode() if isinstance(reply[1], bytes) else reply[1], float(reply[2])
+
+    async def close(self) -> None:
+        self._closed = True
+        for conn in (self._conn, self._blocking):
+            if conn is not None:
+                await conn.close()
+
+
+class RedisPyChannel(Channel):
+    """Calls through redis-py; the blocking wait uses its own client so it never stalls calls."""
+
+    def __init__(self, client: Any, blocking_name: Optional[str]) -> None:
+        self._runner = ScriptRunner(client)
+        self._client = client
+        self._blocking: Any = None
+        self._blocking_name = blocking_name
+
+    async def call(self, call: Call) -> Any:
+        script, keys, args = call
+        return await self._runner.call(script, keys, args)
+
+    def _blocking_client(self) -> Any:
+        if self._blocking is None:
+            pool = getattr(self._client, "connection_pool", None)
+            kwargs = dict(getattr(pool, "connection_kwargs", {}) or {})
+            if pool is None or type(self._client).__name__ == "RedisCluster" or not kwargs:
+                self._blocking = self._client
+            else:
+                # redis-py 8 has a default socket timeout: a blocking wait needs none.
+                kwargs.update(socket_timeout=None, client_name=self._blocking_name)
+                blocking_pool = pool.__class__(connection_class=pool.connection_class, max_connections=1, **kwargs)
+                self._blocking = aioredis.Redis(connection_pool=blocking_pool)
+        return self._blocking
+
+    async def wait_marker(self, marker_key: str, timeout: float) -> Optional[tuple[str, float]]:
+        try:
+            reply = await self._blocking_client().bzpopmin(marker_key, timeout)
+        except RedisTimeoutError:
+            return None
+        if not reply:
+            return None
+        member = reply[1].decode() if isinstance(reply[1], bytes) else reply[1]
+        return member, float(reply[2])
+
+    async def close(self) -> None:
+        if self._blocking is not None and self._blocking is not self._client:
+            await self._blocking.aclose()
+
+
+async def open_channel(client: Any, blocking_name: Optional[str], *, fast: bool = True) -> Channel:
+    """The fast channel where it can serve this client, else redis-py."""
+    if fast:
+        try:
+            return await FastChannel.open(client, blocking_name)
+        except FastPathUnavailable:
+            pass
+    return RedisPyChannel(client, blocking_name)

@@ -1,0 +1,228 @@
+"""Build Lua scripts from sources with ``--- @include`` lines, exactly as upstream BullMQ does.
+
+Node BullMQ ships raw ``<name>-<numkeys>.lua`` files whose ``--- @include "includes/x"`` lines are
+expanded at build time. Redis identifies a script by the SHA1 of its text, so to share Redis with
+Node workers our expansion must produce byte-identical text. This module is our own
+implementation of upstream's rules:
+
+* an include line matches :data:`_INCLUDE_RE` (a JS regex, translated exactly);
+* a reference resolves relative to the including file's directory, or through a path mapping
+  when it starts with ``<name>``; ``.lua`` is appended when it has no extension;
+* including the same file twice from one parent, a cycle, or a missing file is an error;
+* expansion is depth-first; each file is emitted at most once per top-level script, at the
+  place of its first include, and every other include of it is dropped;
+* finally all empty lines are removed.
+
+Upstream's glob includes (``@include "includes/*"``) are not supported: no upstream script uses one.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from bullmq_compat._errors import BullMQCompatError
+from bullmq_compat._wire.upstream import commands_dir
+
+__all__ = [
+    "LuaIncludeError", "Script", "ScriptBuilder", "upstream_scripts", "own_builder", "own_script",
+    "OWN_LUA_DIR", "UPSTREAM_MAPPING",
+]
+
+OWN_LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
+"""Where bullmq-compat's own ``<name>-<numkeys>.lua`` scripts live."""
+
+UPSTREAM_MAPPING = "upstream"
+"""Mapping name with which our own Lua includes upstream files: ``@include "<upstream>/includes/x"``."""
+
+# Upstream's patterns are JavaScript regexes with the ``m`` flag. JS and Python differ on what a
+# line terminator is (JS also counts \r, \u2028, \u2029 for ^, $ and .) and on \s (JS includes
+# \ufeff but not \x1c-\x1f or \x85), so those pieces are spelled out to match JS exactly, rather
+# than relying on upstream files happening to use plain \n line ends.
+_JS_LT = "\n\r\u2028\u2029"
+_JS_BOL = rf"(?:\A|(?<=[{_JS_LT}]))"
+_JS_EOL = rf"(?=[{_JS_LT}]|\Z)"
+_JS_DOT = rf"[^{_JS_LT}]"
+_JS_SPACE = "[\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]"
+
+# JS: /^[-]{2,3}[ \t]*@include[ \t]+(["'])(.+?)\1[; \t\n]*$/m. The trailing class swallows the
+# line's newline and any blank lines after it (all but the last newline), which affects the
+# output text, so it is kept as is.
+_INCLUDE_RE = re.compile(
+    rf"""{_JS_BOL}[-]{{2,3}}[ \t]*@include[ \t]+(["'])({_JS_DOT}+?)\1[; \t\n]*{_JS_EOL}"""
+)
+# JS: /^\s*[\r\n]/gm
+_EMPTY_LINE_RE = re.compile(rf"{_JS_BOL}{_JS_SPACE}*[\r\n]")
+
+_SCRIPT_NAME_RE = re.compile(r"([A-Za-z0-9_]+)-(\d+)\.lua\Z")
+
+
+class LuaIncludeError(BullMQCompatError):
+    """A Lua script could not be built: bad name, missing include, duplicate include or cycle."""
+
+
+@dataclass(frozen=True)
+class Script:
+    """A built Lua script, ready for ``SCRIPT LOAD`` / ``EVALSHA``."""
+
+    name: str
+    num_keys: int
+    lua: str
+    sha: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sha", hashlib.sha1(self.lua.encode("utf-8")).hexdigest())
+
+
+@dataclass
+class _Source:
+    """One parsed file: its text with each include line replaced by the included file's token."""
+
+    path: str
+    token: str
+    text: str
+    includes: list[_Source]
+
+
+def _token(path: str) -> str:
+    # A placeholder that cannot occur in Lua by accident; unique per file.
+    return "@@" + hashlib.sha1(path.encode("utf-8")).hexdigest()
+
+
+def _line_of(text: str, fragment: str) -> int:
+    pos = text.find(fragment)
+    return text.count("\n", 0, pos) + 1 if pos >= 0 else 0
+
+
+def _with_ext(reference: str) -> str:
+    ext = os.path.splitext(os.path.basename(reference))[1]
+    return reference if ext not in ("", ".") else reference + ".lua"
+
+
+class ScriptBuilder:
+    """Builds scripts from files, caching every parsed file across all scripts it builds.
+
+    ``mappings`` maps a name to a directory, so that ``@include "<name>/rest"`` resolves to
+    ``directory/rest``.
+    """
+
+    def __init__(self, mappings: Mapping[str, str | os.PathLike[str]] | None = None) -> None:
+        self._mappings = {name: os.path.abspath(p) for name, p in (mappings or {}).items()}
+        self._parsed: dict[str, _Source] = {}
+        self._built: dict[str, Script] = {}
+
+    def build(self, path: str | os.PathLike[str]) -> Script:
+        """Build the script at ``path``, named ``<name>-<numkeys>.lua``."""
+        abspath = os.path.abspath(path)
+        cached = self._built.get(abspath)
+        if cached is not None:
+            return cached
+        match = _SCRIPT_NAME_RE.match(os.path.basename(abspath))
+        if match is None:
+            raise LuaIncludeError(f"script file name must be <name>-<numkeys>.lua, got {abspath}")
+        if not os.path.isfile(abspath):
+            raise LuaIncludeError(f"script not found: {abspath}")
+        source = self._parse(abspath, [])
+        lua = _EMPTY_LINE_RE.sub("", _interpolate(source, set()))
+        script = Script(match.group(1), int(match.group(2)), lua)
+        self._built[abspath] = script
+        return script
+
+    def _resolve(self, reference: str, parent: str) -> str:
+        """The absolute path ``reference`` (as written in ``parent``) points to."""
+        reference = _with_ext(reference)
+        if reference.startswith("<"):
+            end = reference.find(">")
+            if end > 0:
+                name = reference[1:end]
+                base = self._mappings.get(name)
+                if base is None:
+                    raise LuaIncludeError(
+                        f'no path mapping for "<{name}>" (include "{reference}" in {parent}; '
+                        f"known: {sorted(self._mappings) or 'none'})"
+                    )
+                return os.path.normpath(os.path.join(base, reference[end + 1:].lstrip("/\\")))
+        return os.path.normpath(os.path.join(os.path.dirname(parent), reference))
+
+    def _parse(self, path: str, stack: list[str]) -> _Source:
+        """Parse ``path`` and (recursively) everything it includes; ``stack`` is the include chain."""
+        if path in stack:
+            chain = " -> ".join([*stack[stack.index(path):], path])
+            raise LuaIncludeError(f"include cycle: {chain}")
+        cached = self._parsed.get(path)
+        if cached is not None:
+            return cached
+        try:
+            with open(path, encoding="utf-8", newline="") as f:
+                original = f.read()
+        except FileNotFoundError:
+            # Callers check existence first; this only guards against a race.
+            raise LuaIncludeError(f"Lua file not found: {path}") from None
+
+        stack.append(path)
+        source = _Source(path=path, token=_token(path), text=original, includes=[])
+        text = original
+        # Like upstream, search again from the top after each substitution, and substitute the
+        # first occurrence of the matched text (str.replace with count=1 == JS String.replace).
+        while (m := _INCLUDE_RE.search(text)) is not None:
+            reference = m.group(2)
+            child_path = self._resolve(reference, path)
+            where = f"{path}:{_line_of(original, m.group(0))}"
+            if any(inc.path == child_path for inc in source.includes):
+                raise LuaIncludeError(f'"{reference}" is included more than once in {where}')
+            if not os.path.isfile(child_path):
+                raise LuaIncludeError(f'include not found: "{reference}" (looked for {child_path}) in {where}')
+            child = self._parse(child_path, stack)
+            source.includes.append(child)
+            text = text.replace(m.group(0), child.token, 1)
+        stack.pop()
+        source.text = text
+        self._parsed[path] = source
+        return source
+
+
+def _interpolate(source: _Source, processed: set[str]) -> str:
+    """Expand ``source``'s includes; ``processed`` holds files already emitted in this script.
+
+    Upstream replaces tokens with JS ``String.replace(token, text)``, which would interpret
+    ``$$``, ``$&``, ``$``` and ``$'`` in ``text``. No upstream Lua file contains any of these
+    (checked for the pinned release; the byte-identity test would catch a change), so plain
+    literal replacement gives the same result.
+    """
+    text = source.text
+    for child in source.includes:
+        emitted = child.path in processed
+        # Upstream expands the child even when it is dropped; that marks its own includes as
+        # processed, which decides where they are emitted later in the script.
+        fragment = _interpolate(child, processed)
+        if not emitted and fragment:
+            text = text.replace(child.token, fragment, 1)
+        text = text.replace(child.token, "")
+        processed.add(child.path)
+    return text
+
+
+@functools.cache
+def upstream_scripts() -> dict[str, Script]:
+    """Every upstream script, keyed by name (e.g. ``"addStandardJob"``); built once per process."""
+    builder = ScriptBuilder()
+    scripts: dict[str, Script] = {}
+    for path in sorted(commands_dir().glob("*-*.lua")):
+        script = builder.build(path)
+        scripts[script.name] = script
+    return scripts
+
+
+@functools.cache
+def own_builder() -> ScriptBuilder:
+    """The builder for our own Lua, which maps ``<upstream>`` to upstream's commands directory."""
+    return ScriptBuilder({UPSTREAM_MAPPING: commands_dir()})
+
+
+def own_script(filename: str) -> Script:
+    """Build one of our own scripts, ``bullmq_compat/lua/<name>-<numkeys>.lua`` (cached)."""
+    return own_builder().build(OWN_LUA_DIR / filename)

@@ -1,0 +1,157 @@
+"""The worker-side upstream script calls, built as (script, keys, args) for any channel.
+
+Keys, argument order and the packed option dicts follow what Node BullMQ's worker sends,
+so Redis sees the same calls whichever language processes the job.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+from bullmq_compat._wire import codec
+from bullmq_compat._wire.keys import QueueKeys
+from bullmq_compat._wire.lua import Script, upstream_scripts
+
+Call = tuple[Script, list[Any], list[Any]]
+
+
+@dataclass
+class WorkerWireOptions:
+    """The worker options that travel inside script arguments."""
+
+    name: Optional[str] = None
+    lock_duration: int = 30000
+    limiter: Optional[dict[str, Any]] = None
+    remove_on_complete: Any = None
+    remove_on_fail: Any = None
+    max_metrics_size: Any = ""
+    max_stalled_count: int = 1
+    stalled_interval: int = 30000
+    _fetch_opts: bytes = field(default=b"", init=False, repr=False)
+
+    def fetch_opts(self, token: str) -> bytes:
+        return codec.pack({"token": token, "lockDuration": self.lock_duration,
+                           "limiter": self.limiter, "name": self.name})
+
+
+def keep_jobs(job_value: Any, worker_value: Any) -> Any:
+    """Node's getKeepJobs: the job's own remove_on_* wins, else the worker's, else keep all."""
+    if job_value is None:
+        if worker_value is None or worker_value is False:
+            return {"count": -1}
+        return keep_jobs(worker_value, None)
+    if isinstance(job_value, dict):
+        return job_value
+    if isinstance(job_value, bool):
+        return {"count": 0 if job_value else -1}
+    if isinstance(job_value, (int, float)):
+        return {"count": int(job_value)}
+    return {"count": -1}
+
+
+class WorkerCalls:
+    """Builds a queue's worker script calls; key lists are made once."""
+
+    def __init__(self, keys: QueueKeys, opts: WorkerWireOptions) -> None:
+        self.keys = keys
+        self.opts = opts
+        s = upstream_scripts()
+        self._move_to_active = s["moveToActive"]
+        self._move_to_finished = s["moveToFinished"]
+        self._move_to_delayed = s["moveToDelayed"]
+        self._retry_job = s["retryJob"]
+        self._extend_locks = s["extendLocks"]
+        self._extend_lock = s["extendLock"]
+        self._move_stalled = s["moveStalledJobsToWait"]
+        self._active_to_wait = s["moveJobFromActiveToWait"]
+        self._to_waiting_children = s["moveToWaitingChildren"]
+        k = keys
+        self._active_keys = [k.wait, k.active, k.prioritized, k.events, k.stalled, k.limiter, k.delayed,
+                             k.paused, k.meta, k.pc, k.marker]
+        self._finished_head = [k.wait, k.active, k.prioritized, k.events, k.stalled, k.limiter, k.delayed,
+                               k.paused, k.meta, k.pc]
+        self._completed_tail = (k.completed, k["metrics:completed"], k.marker)
+        self._failed_tail = (k.failed, k["metrics:failed"], k.marker)
+        self._delayed_keys_head = [k.marker, k.active, k.prioritized, k.delayed]
+        self._stalled_keys = [k.stalled, k.wait, k.active, k.stalled_check, k.meta, k.paused, k.marker,
+                              k.events, k.repeat]
+
+    def move_to_active(self, token: str, now: int) -> Call:
+        return self._move_to_active, self._active_keys, [self.keys.prefix_key, now, self.opts.fetch_opts(token)]
+
+    def move_to_finished(self, job_id: str, job_opts: Mapping[str, Any], target: str, value: str, token: str,
+                         now: int, fetch_next: bool, fields_to_update: Optional[Mapping[str, Any]] = None
+                         ) -> Call:
+        """``target`` is 'completed' (value = JSON text) or 'failed' (value = the failed reason)."""
+        completed = target == "completed"
+        tail_set, metrics, marker = self._completed_tail if completed else self._failed_tail
+        worker_keep = self.opts.remove_on_complete if completed else self.opts.remove_on_fail
+        job_keep = job_opts.get("remove_on_complete" if completed else "remove_on_fail")
+        packed = codec.pack({
+            "token": token, "name": self.opts.name, "keepJobs": keep_jobs(job_keep, worker_keep),
+            "limiter": self.opts.limiter, "lockDuration": self.opts.lock_duration,
+            "attempts": job_opts.get("attempts") or 0, "maxMetricsSize": self.opts.max_metrics_size,
+            "fpof": bool(job_opts.get("fail_parent_on_failure")),
+            "cpof": bool(job_opts.get("continue_parent_on_failure")),
+            "idof": bool(job_opts.get("ignore_dependency_on_failure")),
+            "rdof": bool(job_opts.get("remove_dependency_on_failure")),
+        })
+        keys = [*self._finished_head, tail_set, self.keys.job(job_id), metrics, marker]
+        return self._move_to_finished, keys, [
+            job_id, now, "returnvalue" if completed else "failedReason", value, target,
+            1 if fetch_next else 0, self.keys.prefix_key, packed,
+            codec.pack(codec.dict_to_flat(fields_to_update)) if fields_to_update else "",
+        ]
+
+    def move_to_delayed(self, job_id: str, now: int, delay: int, token: str, *, skip_attempt: bool = False,
+                        fields_to_update: Optional[Mapping[str, Any]] = None, fetch_next: bool = False) -> Call:
+        k = self.keys
+        keys = [*self._delayed_keys_head, k.job(job_id), k.events, k.meta, k.stalled, k.wait, k.limiter, k.pc]
+        return self._move_to_delayed, keys, [
+            k.prefix_key, now, job_id, token, delay, "1" if skip_attempt else "0",
+            codec.pack(codec.dict_to_flat(fields_to_update)) if fields_to_update else "",
+            1 if fetch_next else 0, self.opts.fetch_opts(token) if fetch_next else "",
+        ]
+
+    def retry_job(self, job_id: str, lifo: bool, token: str, now: int,
+                  fields_to_update: Optional[Mapping[str, Any]] = None) -> Call:
+        k = self.keys
+        keys = [k.active, k.wait, k.paused, k.job(job_id), k.meta, k.events, k.delayed, k.prioritized, k.pc,
+                k.marker, k.stalled]
+        return self._retry_job, keys, [
+            k.prefix_key, now, "RPUSH" if lifo else "LPUSH", job_id, token,
+            codec.pack(codec.dict_to_flat(fields_to_update)) if fields_to_update else "",
+        ]
+
+    def extend_locks(self, job_ids: Sequence[str], tokens: Sequence[str], duration: int) -> Call:
+        return self._extend_locks, [self.keys.stalled], [
+            self.keys.prefix_key, codec.pack(list(tokens)), codec.pack(list(job_ids)), duration]
+
+    def extend_lock(self, job_id: str, token: str, duration: int) -> Call:
+        return self._extend_lock, [self.keys.job(job_id) + ":lock", self.keys.stalled], [token, duration, job_id]
+
+    def move_stalled_to_wait(self, now: int) -> Call:
+        return self._move_stalled, self._stalled_keys, [
+            self.opts.max_stalled_count, self.keys.prefix_key, now, self.opts.stalled_interval]
+
+    def move_from_active_to_wait(self, job_id: str, token: str) -> Call:
+        k = self.keys
+        return self._active_to_wait, [k.active, k.wait, k.stalled, k.paused, k.meta, k.limiter, k.prioritized,
+                                      k.marker, k.events], [job_id, token, k.job(job_id)]
+
+    def move_to_waiting_children(self, job_id: str, token: str, now: int, child_key: str = "") -> Call:
+        k = self.keys
+        keys = [k.active, k.waiting_children, k.job(job_id), k.job(job_id) + ":dependencies",
+                k.job(job_id) + ":unsuccessful", k.stalled, k.events]
+        return self._to_waiting_children, keys, [token, child_key, codec.dumps(now), job_id, k.prefix_key]
+
+
+def parse_next_job(result: Any) -> tuple[Optional[dict[str, str]], Optional[str], int, int]:
+    """moveToActive / moveToFinished(fetchNext) reply → (job hash, id, rate-limit delay, delay-until)."""
+    if not isinstance(result, list) or not result:
+        return None, None, 0, 0
+    raw = codec.flat_to_dict(result[0]) if result[0] else None
+    job_id = codec.to_str(result[1]) if len(result) > 1 and result[1] else None
+    limit = int(result[2] or 0) if len(result) > 2 else 0
+    delay_until = int(result[3] or 0) if len(result) > 3 else 0
+    return raw, job_id, limit, delay_until

@@ -1,0 +1,629 @@
+"""Worker: the consuming side, compatible with Node BullMQ's Worker and faster than it.
+
+Design (see ../shared/design/performance.md):
+- ``concurrency`` long-lived slot tasks; each takes a job, runs the processor, and finishes
+  it with moveToFinished(fetchNext) — one script call per job in steady state, no task per job.
+- Hot calls go through a pipelining channel: every call made in one loop tick leaves in one
+  write. Idle slots park; one waiter blocks on the queue marker (BZPOPMIN) and wakes a slot,
+  and every slot that finds a job wakes two more, so a burst is picked up in a few round trips.
+- Locks of all active jobs are renewed in one extendLocks call; the stalled checker runs on
+  its interval; everything else (job.update_progress, logs...) uses the redis-py client.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import importlib
+import inspect
+import logging
+import os
+import signal
+import time
+import uuid
+from typing import Any, Awaitable, Callable, Mapping, Optional, Union
+
+import redis.exceptions as redis_exc
+
+from bullmq_compat._backoff import BackoffStrategy
+from bullmq_compat._connection import Connection
+from bullmq_compat._errors import (
+    DelayedError,
+    InvalidArgument,
+    InvalidJobData,
+    RateLimitError,
+    ScriptError,
+    UnrecoverableError,
+    WaitingChildrenError,
+)
+from bullmq_compat._job import Job
+from bullmq_compat._queue import QueueBase
+from bullmq_compat._wire import codec
+from bullmq_compat._wire.channel import Channel, open_channel
+from bullmq_compat._wire.options import normalize_job_options
+from bullmq_compat._wire.worker_calls import WorkerCalls, WorkerWireOptions, parse_next_job
+
+logger = logging.getLogger("bullmq_compat.worker")
+
+Processor = Union[Callable[..., Any], str]
+
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    OSError, ConnectionError, redis_exc.ConnectionError, redis_exc.TimeoutError, asyncio.TimeoutError)
+RATE_LIMIT_MESSAGE = "bullmq:rateLimitExceeded"
+MAX_BLOCK_SECONDS = 10.0
+MIN_BLOCK_SECONDS = 0.001
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidArgument(f"{name}={value!r} must be an int >= {minimum}")
+    return value
+
+
+def load_processor(path: str) -> Callable[..., Any]:
+    """Import ``"pkg.module:function"``."""
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise InvalidArgument(f"processor={path!r} must look like 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise InvalidArgument(f"processor={path!r}: cannot import {module_name!r} ({err})") from None
+    target: Any = module
+    for part in attr.split("."):
+        target = getattr(target, part, None)
+        if target is None:
+            raise InvalidArgument(f"processor={path!r}: {module_name!r} has no attribute {attr!r}")
+    if not callable(target):
+        raise InvalidArgument(f"processor={path!r} is not callable")
+    return target
+
+
+def _wants_token(fn: Callable[..., Any]) -> bool:
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        return len(params) >= 2 or any(p.kind == p.VAR_POSITIONAL
+                                       for p in inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+
+
+class Worker(QueueBase):
+    """Processes jobs of one queue — jobs added by Python or by Node — as Node's Worker does.
+
+    >>> async def process(job):
+    ...     return {"double": job.data["i"] * 2}
+    >>> worker = Worker("emails", process, connection="redis://127.0.0.1:6379/0", concurrency=50)
+    >>> worker.on("completed", lambda job, result: print(job.id, result))
+    >>> await worker.run()          # until close(); or: async with worker: ...
+    """
+
+    def __init__(self, queue_name: str, processor: Optional[Processor] = None, connection: Connection = None, *,
+                 name: Optional[str] = None, prefix: str = "bull", concurrency: int = 1,
+                 lock_duration: int = 30000, lock_renew_time: Optional[int] = None,
+                 stalled_interval: int = 30000, max_stalled_count: int = 1,
+                 limiter: Optional[Mapping[str, Any]] = None, remove_on_complete: Any = None,
+                 remove_on_fail: Any = None, drain_delay: float = 5, metrics: Optional[Mapping[str, Any]] = None,
+                 backoff_strategy: Optional[BackoffStrategy] = None, settings: Optional[Mapping[str, Any]] = None,
+                 max_started_attempts: Optional[int] = None, skip_stalled_check: bool = False,
+                 skip_lock_renewal: bool = False, run_retry_delay: int = 15000, use_processes: bool = False,
+                 process_pool_size: Optional[int] = None, shutdown_timeout: float = 30.0,
+                 fast_path: bool = True) -> None:
+        super().__init__(queue_name, connection, prefix=prefix)
+        self.id = str(uuid.uuid4())
+        self.worker_name = name
+        self.concurrency = _positive_int("concurrency", concurrency)
+        self.lock_duration = _positive_int("lock_duration", lock_duration)
+        self.lock_renew_time = _positive_int("lock_renew_time", lock_renew_time or self.lock_duration // 2)
+        self.stalled_interval = _positive_int("stalled_interval", stalled_interval)
+        self.max_stalled_count = _positive_int("max_stalled_count", max_stalled_count, 0)
+        if isinstance(drain_delay, bool) or not isinstance(drain_delay, (int, float)) or drain_delay <= 0:
+            raise InvalidArgument(f"drain_delay={drain_delay!r} must be a number of seconds > 0")
+        self.drain_delay = float(drain_delay)
+        self.limiter = self._check_limiter(limiter)
+        # remove_on_* take the same forms as the job options of the same names
+        keep = normalize_job_options({k: v for k, v in (("remove_on_complete", remove_on_complete),
+                                                         ("remove_on_fail", remove_on_fail)) if v is not None})
+        self.remove_on_complete = keep.get("removeOnComplete")
+        self.remove_on_fail = keep.get("removeOnFail")
+        max_points = ""
+        if metrics:
+            max_points = _positive_int("metrics.max_data_points",
+                                       metrics.get("max_data_points", metrics.get("maxDataPoints")))
+        self.backoff_strategy = backoff_strategy or (settings or {}).get("backoff_strategy") or (
+            settings or {}).get("backoffStrategy")
+        if max_started_attempts is not None:
+            _positive_int("max_started_attempts", max_started_attempts, 0)
+        self.max_started_attempts = max_started_attempts
+        self.skip_stalled_check = skip_stalled_check
+        self.skip_lock_renewal = skip_lock_renewal
+        self.run_retry_delay = run_retry_delay
+        self.shutdown_timeout = shutdown_timeout
+        self.fast_path = fast_path
+        self.use_processes = use_processes
+        self._process_pool_size = process_pool_size or self.concurrency
+        self._processor_path: Optional[str] = None
+        self.processor: Optional[Callable[..., Any]] = None
+        if isinstance(processor, str):
+            self._processor_path = processor
+            self.processor = load_processor(processor)
+        elif processor is not None:
+            if not callable(processor):
+                raise InvalidArgument(f"processor={processor!r} must be a callable or 'pkg.module:function'")
+            if use_processes:
+                raise InvalidArgument("use_processes=True needs processor='pkg.module:function' (a path the "
+                                      "child processes can import), not a function object")
+            self.processor = processor
+        self._wire_opts = WorkerWireOptions(
+            name=name, lock_duration=self.lock_duration, limiter=self.limiter,
+            remove_on_complete=self.remove_on_complete, remove_on_fail=self.remove_on_fail,
+            max_metrics_size=max_points, max_stalled_count=self.max_stalled_count,
+            stalled_interval=self.stalled_interval)
+        self._calls = WorkerCalls(self.keys, self._wire_opts)
+        self._worker_calls = self._calls
+        self._channel: Optional[Channel] = None
+        self._channel_lock = asyncio.Lock()
+        self._token_seq = 0
+        self._active: dict[str, list[Any]] = {}
+        self._idle: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._waiter_wanted = asyncio.Event()
+        self._drained = False
+        self._limit_until = 0
+        self._block_until = 0
+        self._paused = False
+        self._running = False
+        self._closed = asyncio.Event()
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._slots: list[asyncio.Task[Any]] = []
+        self._connection_down = False
+        self._retry_pause = 0.1
+        self._thread_pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._process_pool: Optional[concurrent.futures.ProcessPoolExecutor] = None
+        self._wants_token = bool(self.processor and _wants_token(self.processor))
+        self._is_async = bool(self.processor and inspect.iscoroutinefunction(self.processor))
+
+    @staticmethod
+    def _check_limiter(limiter: Optional[Mapping[str, Any]]) -> Optional[dict[str, Any]]:
+        if limiter is None:
+            return None
+        if not isinstance(limiter, Mapping) or set(limiter) - {"max", "duration"}:
+            raise InvalidArgument(f"limiter={limiter!r} must be {{'max': n, 'duration': ms}}")
+        return {"max": _positive_int("limiter.max", limiter.get("max")),
+                "duration": _positive_int("limiter.duration", limiter.get("duration"))}
+
+    # -- life cycle -----------------------------------------------------------------------------
+    async def _ensure_channel(self) -> Channel:
+        if self._channel is None:
+            async with self._channel_lock:
+                if self._channel is None:
+                    await self.wait_until_ready()
+                    suffix = f":w:{self.worker_name}" if self.worker_name else ""
+                    self._channel = await open_channel(self.client, self.client_name(suffix), fast=self.fast_path)
+        return self._channel
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    def is_running(self) -> bool:
+        return self._running
+
+    def is_paused(self) -> bool:
+        return self._paused
+
+    async def run(self, *, handle_signals: bool = True) -> None:
+        """Process jobs until `close()` (or SIGTERM/SIGINT, which close gracefully)."""
+        if self.processor is None:
+            raise InvalidArgument("this worker has no processor: pass one to Worker(...) to run it")
+        if self._running:
+            raise InvalidArgument("worker is already running")
+        self._running = True
+        self.closing = False
+        await self._ensure_channel()
+        if self._calls.opts.name is None:
+            pass
+        loop = asyncio.get_running_loop()
+        installed: list[int] = []
+        if handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                try:
+                    loop.add_signal_handler(sig, self._on_signal, sig)
+                    installed.append(sig)
+                except (NotImplementedError, RuntimeError, ValueError):
+                    pass  # not the main thread, or no signal support: the caller closes us
+        self._tasks = [asyncio.ensure_future(self._marker_waiter())]
+        if not self.skip_lock_renewal:
+            self._tasks.append(asyncio.ensure_future(self._lock_renewer()))
+        if not self.skip_stalled_check:
+            self._tasks.append(asyncio.ensure_future(self._stalled_checker()))
+        self._slots = [asyncio.ensure_future(self._slot()) for _ in range(self.concurrency)]
+        self.emit("ready")
+        try:
+            await self._closed.wait()
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+            self._running = False
+
+    def _on_signal(self, sig: int) -> None:
+        logger.info("worker %s got %s: finishing active jobs, then stopping", self.name, signal.Signals(sig).name)
+        asyncio.ensure_future(self.close())
+
+    async def close(self, force: bool = False) -> None:
+        """Stop taking jobs; wait for active ones to finish (unless ``force``), then disconnect."""
+        if self._closed.is_set() or (self.closing and not force):
+            await self._closed.wait() if self._running else None
+            return
+        self.closing = True
+        self.emit("closing", "closing queue")
+        self._wake_all()
+        self._waiter_wanted.set()
+        if self._slots:
+            if force:
+                for task in self._slots:
+                    task.cancel()
+            done, pending = await asyncio.wait(self._slots, timeout=None if force else self.shutdown_timeout)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+        for task in self._tasks:
+            task.cancel()
+        if self._channel is not None:
+            await self._channel.close()
+        if self._tasks:
+            await asyncio.wait(self._tasks)
+        if self._thread_pool is not None:
+            self._thread_pool.shutdown(wait=False, cancel_futures=True)
+        if self._process_pool is not None:
+            self._process_pool.shutdown(wait=False, cancel_futures=True)
+        await super().close()
+        self._closed.set()
+        self.emit("closed")
+
+    async def __aenter__(self) -> "Worker":
+        self._run_task = asyncio.ensure_future(self.run(handle_signals=False))
+        await asyncio.sleep(0)
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+        task = getattr(self, "_run_task", None)
+        if task is not None:
+            await task
+
+    async def pause(self, do_not_wait_active: bool = False) -> None:
+        """Stop this worker taking new jobs (other workers go on); active jobs finish unless told not to wait."""
+        self._paused = True
+        self._wake_all()
+        if not do_not_wait_active:
+            while self._active:
+                await asyncio.sleep(0.01)
+        self.emit("paused")
+
+    def resume(self) -> None:
+        if self._paused:
+            self._paused = False
+            self._drained = False
+            self._wake_all()
+            self.emit("resumed")
+
+    async def rate_limit(self, expire_time_ms: int) -> None:
+        """Rate-limit the whole queue for ``expire_time_ms``; then raise `RateLimitError` from the processor."""
+        await self.wait_until_ready()
+        await self.client.set(self.keys.limiter, "1", px=_positive_int("expire_time_ms", expire_time_ms))
+
+    # -- fetching -----------------------------------------------------------------------------------
+    def _next_token(self) -> str:
+        self._token_seq += 1
+        return f"{self.id}:{self._token_seq}"
+
+    def _wake_one(self) -> bool:
+        while self._idle:
+            fut = self._idle.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return True
+        return False
+
+    def _wake_all(self) -> None:
+        while self._wake_one():
+            pass
+
+    async def _park(self) -> None:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._idle.append(fut)
+        self._waiter_wanted.set()
+        await fut
+
+    def _update_delays(self, limit_delay: int, delay_until: int) -> None:
+        self._limit_until = _now_ms() + limit_delay if limit_delay > 0 else 0
+        self._block_until = max(delay_until, 0)
+
+    def _job_from_reply(self, reply: Any, token: str) -> Optional[Job]:
+        raw, job_id, limit_delay, delay_until = parse_next_job(reply)
+        self._update_delays(limit_delay, delay_until)
+        if raw is None or job_id is None:
+            if not self._drained:
+                self._drained = True
+                self.emit("drained")
+            return None
+        self._drained = False
+        job = Job.from_raw(self, job_id, raw)
+        job.token = token
+        # a job found means more may wait: bring two more idle slots in (the ramp)
+        self._wake_one()
+        self._wake_one()
+        self.emit("active", job, "waiting")
+        return job
+
+    def _connection_trouble(self, err: BaseException) -> float:
+        if not self._connection_down:
+            self._connection_down = True
+            logger.warning("worker %s lost Redis (%s); retrying with back-off", self.name, err)
+            self.emit("error", err)
+        pause = self._retry_pause
+        self._retry_pause = min(self._retry_pause * 2, 5.0)
+        return pause
+
+    def _connection_ok(self) -> None:
+        if self._connection_down:
+            self._connection_down = False
+            logger.info("worker %s reconnected to Redis", self.name)
+        self._retry_pause = 0.1
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep, but wake at once when the worker closes."""
+        if self.closing or seconds <= 0:
+            return
+        try:
+            await asyncio.wait_for(self._closed_or_closing(), seconds)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _closed_or_closing(self) -> None:
+        while not self.closing:
+            await asyncio.sleep(0.05)
+
+    async def _fetch(self) -> Optional[Job]:
+        """One moveToActive for this slot; parks the slot while the queue is drained."""
+        now = _now_ms()
+        if self._limit_until > now:
+            await self._sleep((self._limit_until - now) / 1000)
+            self._drained = False
+        if self._drained or self._paused:
+            await self._park()
+        if self.closing or self._paused:
+            return None
+        token = self._next_token()
+        try:
+            reply = await self._channel.call(self._calls.move_to_active(token, _now_ms()))  # type: ignore[union-attr]
+        except CONNECTION_ERRORS as err:
+            await self._sleep(self._connection_trouble(err))
+            return None
+        self._connection_ok()
+        return self._job_from_reply(reply, token)
+
+    async def _marker_waiter(self) -> None:
+        """Block on the queue marker while slots are idle; each marker wakes one slot."""
+        channel = self._channel
+        assert channel is not None
+        while not self.closing:
+            if not self._idle or self._paused:
+                self._waiter_wanted.clear()
+                await self._waiter_wanted.wait()
+                continue
+            timeout = self._block_timeout()
+            if timeout > 0:
+                try:
+                    marker = await channel.wait_marker(self.keys.marker, timeout)
+                except CONNECTION_ERRORS as err:
+                    if self.closing:
+                        return
+                    await self._sleep(self._connection_trouble(err))
+                    continue
+                self._connection_ok()
+                if marker is not None and marker[1] > _now_ms() + 1:
+                    # a delayed job's marker: wait until it is due (or another marker)
+                    self._block_until = int(marker[1])
+                    continue
+            self._block_until = 0
+            self._drained = False
+            self._wake_one()
+
+    def _block_timeout(self) -> float:
+        if self._block_until:
+            seconds = (self._block_until - _now_ms()) / 1000
+            if seconds <= 0:
+                return 0
+            return min(max(seconds, MIN_BLOCK_SECONDS), MAX_BLOCK_SECONDS)
+        return max(self.drain_delay, MIN_BLOCK_SECONDS)
+
+    async def _slot(self) -> None:
+        job: Optional[Job] = None
+        while True:
+            try:
+                if job is None:
+                    if self.closing:
+                        return
+                    job = await self._fetch()
+                    continue
+                job = await self._process(job)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # never let a slot die: report and carry on
+                job = None
+                self.emit("error", err)
+                await self._sleep(1.0)
+
+    # -- processing ---------------------------------------------------------------------------------
+    async def _invoke(self, job: Job, token: str) -> Any:
+        processor = self.processor
+        assert processor is not None
+        if self.use_processes:
+            return await self._invoke_in_process(job)
+        args = (job, token) if self._wants_token else (job,)
+        if self._is_async:
+            return await processor(*args)
+        if self._thread_pool is None:
+            self._thread_pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=self.concurrency, thread_name_prefix=f"bullmq-{self.name}")
+        result = await asyncio.get_running_loop().run_in_executor(self._thread_pool, lambda: processor(*args))
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    async def _invoke_in_process(self, job: Job) -> Any:
+        from bullmq_compat._sandbox import ChildCrashed, run_in_child
+
+        if self._process_pool is None:
+            self._process_pool = concurrent.futures.ProcessPoolExecutor(max_workers=self._process_pool_size)
+        payload = job.to_dict()
+        payload["queue_name"] = self.name
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self._process_pool, run_in_child, self._processor_path, payload)
+        except concurrent.futures.process.BrokenProcessPool:
+            self._process_pool.shutdown(wait=False, cancel_futures=True)
+            self._process_pool = None
+            raise ChildCrashed(f"the child process running job {job.id} exited unexpectedly "
+                               "(killed, out of memory, or crashed)") from None
+
+    async def _process(self, job: Job) -> Optional[Job]:
+        """Run the processor on ``job`` and finish it; returns the next job when fetched with it."""
+        token = job.token or ""
+        self._active[str(job.id)] = [token, time.monotonic()]
+        try:
+            if job.parse_error:
+                raise UnrecoverableError(f"job {job.id} cannot be processed: {job.parse_error}")
+            if self.max_started_attempts is not None and self.max_started_attempts < job.attempts_started:
+                raise UnrecoverableError("job started more than allowable limit")
+            result = await self._invoke(job, token)
+        except asyncio.CancelledError:
+            self._active.pop(str(job.id), None)
+            raise
+        except BaseException as err:
+            self._active.pop(str(job.id), None)
+            if not isinstance(err, Exception):
+                raise
+            return await self._handle_failed(job, err, token)
+        self._active.pop(str(job.id), None)
+        return await self._handle_completed(job, result, token)
+
+    async def finish_call(self, call: Any) -> Any:
+        """A finishing call: retried through connection trouble, so a finished job is not left active."""
+        channel = await self._ensure_channel()
+        while True:
+            try:
+                reply = await channel.call(call)
+                self._connection_ok()
+                return reply
+            except CONNECTION_ERRORS as err:
+                if self._closed.is_set():
+                    raise
+                await asyncio.sleep(self._connection_trouble(err))
+
+    def _fetch_next(self) -> bool:
+        return not (self.closing or self._paused)
+
+    async def _handle_completed(self, job: Job, result: Any, token: str) -> Optional[Job]:
+        fetch_next = self._fetch_next()
+        try:
+            reply = await job.move_to_completed(result, token, fetch_next)
+        except InvalidJobData as err:
+            return await self._handle_failed(job, err, token)
+        except ScriptError as err:
+            self.emit("error", err)
+            return None
+        self.emit("completed", job, result, "active")
+        return self._job_from_reply(reply, token) if fetch_next else None
+
+    async def _handle_failed(self, job: Job, err: Exception, token: str) -> Optional[Job]:
+        try:
+            if isinstance(err, RateLimitError) or str(err) == RATE_LIMIT_MESSAGE:
+                ttl = await job.move_to_wait(token)
+                if ttl > 0:
+                    self._limit_until = _now_ms() + ttl
+                return None
+            if isinstance(err, (DelayedError, WaitingChildrenError)) or type(err).__name__ in (
+                    "DelayedError", "WaitingChildrenError", "WaitingError"):
+                return None
+            fetch_next = self._fetch_next()
+            reply = await job.move_to_failed(err, token, fetch_next)
+        except ScriptError as script_err:
+            self.emit("error", script_err)
+            return None
+        self.emit("failed", job, err, "active")
+        return self._job_from_reply(reply, token) if fetch_next and reply is not None else None
+
+    # -- locks and stalls ----------------------------------------------------------------------------
+    async def _lock_renewer(self) -> None:
+        interval = self.lock_renew_time / 2 / 1000
+        while not self.closing:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            due = [(job_id, entry[0]) for job_id, entry in self._active.items()
+                   if entry[1] + interval <= now]
+            if not due:
+                continue
+            for job_id, _ in due:
+                entry = self._active.get(job_id)
+                if entry is not None:
+                    entry[1] = now
+            try:
+                failed = await self._channel.call(self._calls.extend_locks(  # type: ignore[union-attr]
+                    [j for j, _ in due], [t for _, t in due], self.lock_duration))
+            except CONNECTION_ERRORS as err:
+                self._connection_trouble(err)
+                continue
+            except Exception as err:
+                self.emit("error", err)
+                continue
+            for job_id in codec.to_str(failed) or []:
+                self.emit("error", RuntimeError(f"could not renew lock for job {job_id}"))
+                self.emit("lockRenewalFailed", [job_id])
+
+    async def _stalled_checker(self) -> None:
+        while not self.closing:
+            try:
+                stalled = await self._channel.call(  # type: ignore[union-attr]
+                    self._calls.move_stalled_to_wait(_now_ms()))
+                for job_id in codec.to_str(stalled) or []:
+                    self.emit("stalled", job_id, "active")
+            except CONNECTION_ERRORS as err:
+                self._connection_trouble(err)
+            except Exception as err:
+                self.emit("error", err)
+            await self._sleep(self.stalled_interval / 1000)
+
+    # -- manual processing ---------------------------------------------------------------------------
+    async def get_next_job(self, token: str, block: bool = True) -> Optional[Job]:
+        """Take the next job yourself (no processor): finish it with ``job.move_to_completed(v, token)``
+        or ``job.move_to_failed(err, token)``; renew with ``job.extend_lock(token, ms)``."""
+        channel = await self._ensure_channel()
+        reply = await channel.call(self._calls.move_to_active(token, _now_ms()))
+        job = self._job_from_reply(reply, token)
+        if job is None and block and not self.closing:
+            await channel.wait_marker(self.keys.marker, self._block_timeout() or MIN_BLOCK_SECONDS)
+            job = self._job_from_reply(await channel.call(self._calls.move_to_active(token, _now_ms())), token)
+        return job
+
+    async def start_stalled_check(self) -> list[str]:
+        """Run the stalled-jobs check once now; returns the ids moved back to waiting."""
+        channel = await self._ensure_channel()
+        stalled = codec.to_str(await channel.call(self._calls.move_stalled_to_wait(_now_ms()))) or []
+        for job_id in stalled:
+            self.emit("stalled", job_id, "active")
+        return list(stalled)
+
+    def __repr__(self) -> str:
+        return f"<Worker {self.name} id={self.id} concurrency={self.concurrency}>"
+
+
+def _default_pool_size() -> int:
+    return os.cpu_count() or 1

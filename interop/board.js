@@ -1,0 +1,81 @@
+'use strict';
+// Bull-Board over the given queues, for the Python interop tests (driven by tests/node.py).
+//
+//   node interop/board.js --redis URL --port P [--prefix bull] --queue Q [--queue Q2 ...]
+//
+// Serves on 127.0.0.1:P with base path "/", prints {"listening": "http://127.0.0.1:P/"} once
+// ready, and exits cleanly on SIGTERM/SIGINT.
+//
+// JSON API that lists the jobs of one queue in one status (@bull-board/api dist/routes.js,
+// handler dist/handlers/queues.js; query schema in dist/schemas/requests.js):
+//
+//   GET /api/queues?activeQueue=<queue>&status=<status>&page=1&jobsPerPage=<n>
+//
+// status is one of the queue's "statuses" (for BullMQ: latest, active, waiting, waiting-children,
+// prioritized, completed, failed, delayed); jobsPerPage defaults to 10. The response is
+// {"queues": [...]}, one entry per registered queue:
+//   {name, counts: {waiting: 1, ...}, isPaused, pagination: {pageCount, range: {start, end}},
+//    jobs: [{id, name, data, opts, timestamp, delay, attempts, failedReason, returnValue, ...}]}
+// and only the activeQueue's entry has its jobs filled in.
+// One job with its status: GET /api/queues/<queue>/<jobId>.
+
+const http = require('node:http');
+const express = require('express');
+const IORedis = require('ioredis');
+const { Queue } = require('bullmq');
+const { createBullBoard } = require('@bull-board/api');
+const { BullMQAdapter } = require('@bull-board/api/bullMQAdapter');
+const { ExpressAdapter } = require('@bull-board/express');
+
+function parseArgs(argv) {
+  const opts = { redis: 'redis://127.0.0.1:6379', port: 3000, prefix: 'bull', queues: [] };
+  for (let i = 0; i < argv.length; i += 2) {
+    const [flag, value] = [argv[i], argv[i + 1]];
+    if (value === undefined) throw new Error(`missing value for ${flag}`);
+    if (flag === '--redis') opts.redis = value;
+    else if (flag === '--port') opts.port = Number(value);
+    else if (flag === '--prefix') opts.prefix = value;
+    else if (flag === '--queue') opts.queues.push(value);
+    else throw new Error(`unknown option ${flag}`);
+  }
+  if (opts.queues.length === 0) throw new Error('at least one --queue is required');
+  return opts;
+}
+
+async function main() {
+  const opts = parseArgs(process.argv.slice(2));
+  const connection = new IORedis(opts.redis, { maxRetriesPerRequest: null });
+  connection.on('error', (err) => console.error(`redis: ${err.message}`));
+  const queues = opts.queues.map((name) => new Queue(name, { connection, prefix: opts.prefix }));
+
+  const serverAdapter = new ExpressAdapter();
+  serverAdapter.setBasePath('/');
+  createBullBoard({ queues: queues.map((q) => new BullMQAdapter(q)), serverAdapter });
+  const app = express();
+  app.use('/', serverAdapter.getRouter());
+
+  const server = http.createServer(app);
+  await new Promise((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(opts.port, '127.0.0.1', resolve);
+  });
+  process.stdout.write(JSON.stringify({ listening: `http://127.0.0.1:${opts.port}/` }) + '\n');
+
+  let stopping = false;
+  const stop = async () => {
+    if (stopping) return;
+    stopping = true;
+    server.closeAllConnections();
+    await new Promise((resolve) => server.close(resolve));
+    await Promise.all(queues.map((q) => q.close().catch(() => {})));
+    await connection.quit().catch(() => connection.disconnect());
+    process.exit(0);
+  };
+  process.on('SIGTERM', stop);
+  process.on('SIGINT', stop);
+}
+
+main().catch((err) => {
+  console.error(err && err.stack ? err.stack : String(err));
+  process.exit(1);
+});

@@ -1,0 +1,251 @@
+"""Drive the Node.js BullMQ side of the interop tests (interop/cli.js, interop/board.js).
+
+``await node(op, **args)`` runs one ``interop/cli.js`` command and returns its JSON result;
+``NodeProcess`` runs a long-lived script (the Bull-Board server, or a ``cli.js work`` worker)
+in the background for the duration of an ``async with`` block.
+
+Tests that need Node never skip: when ``interop/node_modules`` is missing the driver raises
+:class:`NodeNotInstalled`, which says to run ``make setup``.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+from pathlib import Path
+from typing import Any, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+INTEROP = ROOT / "interop"
+CLI = INTEROP / "cli.js"
+BOARD = INTEROP / "board.js"
+
+# Slack on top of a command's own time budget before we give up on the subprocess.
+_SLACK_S = 30.0
+
+
+class NodeError(RuntimeError):
+    """A Node command failed: ``name`` is the JavaScript error's name, ``stderr`` its output."""
+
+    def __init__(self, message: str, name: str | None = None, stderr: str = "") -> None:
+        text = f"{name}: {message}" if name else message
+        if stderr.strip():
+            text = f"{text}\n--- node stderr ---\n{stderr.strip()}"
+        super().__init__(text)
+        self.message = message
+        self.name = name
+        self.stderr = stderr
+
+
+class NodeNotInstalled(RuntimeError):
+    """Node.js or interop/node_modules is missing."""
+
+
+def node_available() -> bool:
+    """True when ``node`` is on PATH and interop/node_modules holds bullmq."""
+    return shutil.which("node") is not None and (INTEROP / "node_modules" / "bullmq").is_dir()
+
+
+def _node_binary() -> str:
+    binary = shutil.which("node")
+    if binary is None:
+        raise NodeNotInstalled("Node.js is not on PATH: install Node 20+, then run `make setup`")
+    if not (INTEROP / "node_modules" / "bullmq").is_dir():
+        raise NodeNotInstalled(
+            f"{INTEROP / 'node_modules'} is missing: run `make setup` (or `cd interop && npm ci`)"
+        )
+    return binary
+
+
+def _error_from(stdout: str, stderr: str, returncode: int | None) -> NodeError:
+    """The NodeError for a failed run: cli.js's {"error", "name"} line if there is one."""
+    for line in reversed(stdout.splitlines()):
+        try:
+            payload = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(payload, dict) and "error" in payload:
+            return NodeError(str(payload["error"]), payload.get("name"), stderr)
+    return NodeError(f"node exited with status {returncode}; stdout: {stdout.strip()!r}", None, stderr)
+
+
+def _last_json_line(stdout: str, stderr: str) -> Any:
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    if not lines:
+        raise NodeError("node printed no result", None, stderr)
+    try:
+        return json.loads(lines[-1])
+    except ValueError as exc:
+        raise NodeError(f"node printed a line that is not JSON: {lines[-1]!r}", None, stderr) from exc
+
+
+async def node(op: str, **args: Any) -> Any:
+    """Run ``node interop/cli.js <op> <json(args)>`` and return its parsed JSON result.
+
+    ``args`` are the JSON fields of the command (``redis``, ``queue``, ``prefix``, ...).
+    Raises :class:`NodeError` when the command fails.
+    """
+    binary = _node_binary()
+    proc = await asyncio.create_subprocess_exec(
+        binary, str(CLI), op, json.dumps(args),
+        cwd=str(ROOT), stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    budget = float(args.get("timeoutMs", 30000)) / 1000 + _SLACK_S
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), budget)
+    except BaseException as exc:  # timed out, or the test was cancelled: never leave node behind
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        if isinstance(exc, asyncio.TimeoutError):
+            raise NodeError(f"cli.js {op} did not finish within {budget:.0f}s") from None
+        raise
+    stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
+    if proc.returncode != 0:
+        raise _error_from(stdout, stderr, proc.returncode)
+    return _last_json_line(stdout, stderr)
+
+
+class NodeProcess:
+    """A Node script running in the background for the length of an ``async with`` block.
+
+    On entry it starts the script and (unless ``wait_for_line=False``) waits for its first
+    stdout line, parsed as JSON into ``first_line``. On exit it sends SIGTERM and waits
+    (SIGKILL after ``stop_timeout``). ``await result()`` waits for the script to end by itself
+    and returns its last JSON line (``cli.js work``'s result).
+
+        async with NodeProcess.board(redis_url, port, [queue]) as board:
+            ...  # board.url == "http://127.0.0.1:<port>/"
+        async with NodeProcess.work(redis=redis_url, queue=q, count=3) as worker:
+            ...  # the Node worker is connected and consuming here
+            outcome = await worker.result()
+    """
+
+    def __init__(self, script: str | os.PathLike[str], *argv: str, wait_for_line: bool = True,
+                 start_timeout: float = 30.0, stop_timeout: float = 10.0,
+                 result_timeout: float = 60.0 + _SLACK_S) -> None:
+        self.script = Path(script)
+        if not self.script.is_absolute():
+            self.script = ROOT / self.script
+        self.argv = tuple(argv)
+        self.wait_for_line = wait_for_line
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self.result_timeout = result_timeout
+        self.first_line: Any = None
+        self.proc: asyncio.subprocess.Process | None = None
+        self._stderr = bytearray()
+        self._stderr_task: asyncio.Task[None] | None = None
+        self._result: Any = None
+        self._done = False
+
+    @classmethod
+    def board(cls, redis: str, port: int, queues: Sequence[str], prefix: str = "bull") -> "NodeProcess":
+        """Bull-Board (interop/board.js) over ``queues``, on 127.0.0.1:``port``."""
+        argv = ["--redis", redis, "--port", str(port), "--prefix", prefix]
+        for queue in queues:
+            argv += ["--queue", queue]
+        return cls(BOARD, *argv)
+
+    @classmethod
+    def work(cls, **args: Any) -> "NodeProcess":
+        """A Node Worker (``cli.js work``); entering the block waits until it is connected."""
+        budget = float(args.get("timeoutMs", 30000)) / 1000 + _SLACK_S
+        return cls(CLI, "work", json.dumps({**args, "ready": True}), result_timeout=budget)
+
+    @property
+    def url(self) -> str:
+        """The board's base URL, from its ``{"listening": url}`` line."""
+        return str(self.first_line["listening"])
+
+    @property
+    def stderr(self) -> str:
+        return self._stderr.decode(errors="replace")
+
+    async def _drain_stderr(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        while chunk := await self.proc.stderr.read(65536):
+            self._stderr += chunk
+
+    async def __aenter__(self) -> "NodeProcess":
+        binary = _node_binary()
+        self.proc = await asyncio.create_subprocess_exec(
+            binary, str(self.script), *self.argv,
+            cwd=str(ROOT), stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        self._stderr_task = asyncio.create_task(self._drain_stderr())
+        if self.wait_for_line:
+            try:
+                await self._read_first_line()
+            except BaseException:
+                await self._stop()
+                raise
+        return self
+
+    async def _read_first_line(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        try:
+            line = await asyncio.wait_for(self.proc.stdout.readline(), self.start_timeout)
+        except asyncio.TimeoutError:
+            raise NodeError(f"{self.script.name} printed nothing within {self.start_timeout}s",
+                            None, self.stderr) from None
+        if not line:  # the script ended before becoming ready
+            await self.proc.wait()
+            await self._finish_stderr()
+            raise _error_from("", self.stderr, self.proc.returncode)
+        try:
+            self.first_line = json.loads(line)
+        except ValueError:
+            raise NodeError(f"{self.script.name} printed a line that is not JSON: {line!r}",
+                            None, self.stderr) from None
+        if isinstance(self.first_line, dict) and "error" in self.first_line:
+            await self.proc.wait()
+            await self._finish_stderr()
+            raise NodeError(str(self.first_line["error"]), self.first_line.get("name"), self.stderr)
+
+    async def _finish_stderr(self) -> None:
+        if self._stderr_task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._stderr_task, 5)
+
+    async def result(self, timeout: float | None = None) -> Any:
+        """Wait for the script to exit by itself and return its last stdout JSON line."""
+        if self._done:
+            return self._result
+        assert self.proc is not None and self.proc.stdout is not None, "use inside `async with`"
+        budget = self.result_timeout if timeout is None else timeout
+        try:
+            rest = await asyncio.wait_for(self.proc.stdout.read(), budget)
+            await asyncio.wait_for(self.proc.wait(), self.stop_timeout)
+        except asyncio.TimeoutError:
+            raise NodeError(f"{self.script.name} did not finish within {budget}s", None, self.stderr) from None
+        await self._finish_stderr()
+        stdout = rest.decode(errors="replace")
+        if self.proc.returncode != 0:
+            raise _error_from(stdout, self.stderr, self.proc.returncode)
+        self._result = _last_json_line(stdout, self.stderr)
+        self._done = True
+        return self._result
+
+    async def _stop(self) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), self.stop_timeout)
+            except asyncio.TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+        await self._finish_stderr()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stop()
