@@ -22,12 +22,15 @@ if TYPE_CHECKING:
 
 def _int(raw: Mapping[str, str], field: str, default: Optional[int] = 0) -> Optional[int]:
     value = raw.get(field)
-    if value in (None, ""):
+    if value is None:
         return default
     try:
-        return int(float(value))  # type: ignore[arg-type]
+        return int(value)
     except ValueError:
-        return default
+        try:
+            return int(float(value))
+        except ValueError:
+            return default
 
 
 def _json(text: Optional[str], default: Any) -> Any:

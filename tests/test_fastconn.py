@@ -100,7 +100,8 @@ async def test_ten_thousand_pipelined_incrs_in_order_in_one_write(conn: FastConn
     finally:
         transport.write = real_write  # type: ignore[method-assign]
     assert results == list(range(1, n + 1))
-    assert len(writes) == 1, f"expected one write for one tick of commands, got {len(writes)}"
+    # the first command goes out at once (nothing was in flight); the rest of the tick shares one write
+    assert len(writes) == 2, f"expected two writes for one tick of commands, got {len(writes)}"
     assert conn.in_flight == 0
 
 

@@ -45,7 +45,7 @@ class FastChannel(Channel):
     @classmethod
     async def open(cls, client: Any, blocking_name: Optional[str]) -> "FastChannel":
         channel = cls(client, blocking_name)
-        channel._conn = await FastConnection.from_redis_py(client)  # raises FastPathUnavailable
+        channel._conn = await FastConnection.from_redis_py(client, decode=True)  # raises FastPathUnavailable
         return channel
 
     async def _connection(self) -> FastConnection:
@@ -55,7 +55,7 @@ class FastChannel(Channel):
         if self._closed:
             raise ConnectionError("the worker's connection is closed")
         if self._opening is None:
-            self._opening = asyncio.ensure_future(FastConnection.from_redis_py(self._client))
+            self._opening = asyncio.ensure_future(FastConnection.from_redis_py(self._client, decode=True))
         try:
             self._conn = await asyncio.shield(self._opening)
         finally:
@@ -81,7 +81,7 @@ class FastChannel(Channel):
         if conn is None or conn.closed:
             if self._closed:
                 return None
-            conn = self._blocking = await FastConnection.from_redis_py(self._client, self._blocking_name)
+            conn = self._blocking = await FastConnection.from_redis_py(self._client, self._blocking_name, decode=True)
         reply = await conn.execute(b"BZPOPMIN", marker_key, timeout)
         if not reply:
             return None

@@ -199,11 +199,14 @@ class FastConnection(asyncio.Protocol):
     Open with `FastConnection.open(...)` or `FastConnection.from_redis_py(client)`.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, address: str) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, address: str, decode: bool = False) -> None:
         self._loop = loop
         self._address = address
         self._transport: Optional[asyncio.Transport] = None
-        self._reader = hiredis.Reader(replyError=ReplyError, notEnoughData=False)
+        # decode=True: bulk replies come back as str, decoded in C (the worker's hot path wants that)
+        self._reader = (hiredis.Reader(replyError=ReplyError, notEnoughData=False, encoding="utf-8",
+                                       errors="replace")
+                        if decode else hiredis.Reader(replyError=ReplyError, notEnoughData=False))
         self._pending: collections.deque[asyncio.Future] = collections.deque()
         self._wbuf: list[bytes] = []
         self._flush_scheduled = False
@@ -230,6 +233,7 @@ class FastConnection(asyncio.Protocol):
         client_name: Optional[str] = None,
         connect_timeout: Optional[float] = 10.0,
         unix_socket_path: Optional[str] = None,
+        decode: bool = False,
     ) -> "FastConnection":
         """Connect, then AUTH / SELECT / CLIENT SETNAME as asked (checking each reply).
 
@@ -243,11 +247,11 @@ class FastConnection(asyncio.Protocol):
             if ssl is not None:
                 raise ValueError("TLS over a unix socket is not supported")
             address = f"unix:{unix_socket_path}"
-            connect = loop.create_unix_connection(lambda: cls(loop, address), unix_socket_path)
+            connect = loop.create_unix_connection(lambda: cls(loop, address, decode), unix_socket_path)
         else:
             address = f"{host}:{port}"
             connect = loop.create_connection(
-                lambda: cls(loop, address), host, int(port),
+                lambda: cls(loop, address, decode), host, int(port),
                 ssl=ssl, server_hostname=host if ssl is not None else None,
             )
         conn: Optional[FastConnection] = None
@@ -308,7 +312,8 @@ class FastConnection(asyncio.Protocol):
         raise HandshakeError(f"{code} Redis at {self._address} refused {failed_step}: {failure.message}")
 
     @classmethod
-    async def from_redis_py(cls, client: Any, client_name: Optional[str] = None) -> "FastConnection":
+    async def from_redis_py(cls, client: Any, client_name: Optional[str] = None,
+                            decode: bool = False) -> "FastConnection":
         """Open a fast twin connection to the server a redis-py client talks to.
 
         Reads host/port/db/username/password/credential provider/client name/TLS
@@ -377,11 +382,11 @@ class FastConnection(asyncio.Protocol):
         if kind == "unix":
             return await cls.open(
                 db=db, username=username, password=password, client_name=name,
-                connect_timeout=timeout, unix_socket_path=template.path)
+                connect_timeout=timeout, unix_socket_path=template.path, decode=decode)
         ssl_context = template.ssl_context.get() if kind == "ssl" else None
         return await cls.open(
             template.host, int(template.port), db=db, username=username, password=password,
-            ssl=ssl_context, client_name=name, connect_timeout=timeout)
+            ssl=ssl_context, client_name=name, connect_timeout=timeout, decode=decode)
 
     # ------------------------------------------------------------------ commands
 
@@ -401,10 +406,16 @@ class FastConnection(asyncio.Protocol):
         except BaseException:
             del wbuf[mark:]
             raise
-        self._pending.append(fut)
+        pending = self._pending
+        pending.append(fut)
         if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+            if len(pending) == 1 and not self._paused:
+                # nothing in flight: write now and save a loop turn (latency at low concurrency);
+                # commands issued later in this tick still share one write
+                self._flush()
+            else:
+                self._flush_scheduled = True
+                self._loop.call_soon(self._flush)
         return fut
 
     def execute_many(self, commands: Iterable[tuple]) -> list[asyncio.Future]:

@@ -148,9 +148,14 @@ class WorkerCalls:
 
 def parse_next_job(result: Any) -> tuple[Optional[dict[str, str]], Optional[str], int, int]:
     """moveToActive / moveToFinished(fetchNext) reply → (job hash, id, rate-limit delay, delay-until)."""
-    if not isinstance(result, list) or not result:
+    if type(result) is not list or not result:
         return None, None, 0, 0
-    raw = codec.flat_to_dict(result[0]) if result[0] else None
+    flat = result[0]
+    raw = None
+    if flat:
+        if type(flat[0]) is bytes:
+            flat = codec.to_str(flat)
+        raw = dict(zip(flat[0::2], flat[1::2]))
     job_id = codec.to_str(result[1]) if len(result) > 1 and result[1] else None
     limit = int(result[2] or 0) if len(result) > 2 else 0
     delay_until = int(result[3] or 0) if len(result) > 3 else 0
