@@ -4,32 +4,51 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 logger = logging.getLogger("bullmq_compat")
 
 Listener = Callable[..., Any]
 
 
+def _arity(listener: Listener) -> Optional[int]:
+    """How many positional arguments a listener takes (None: any number).
+
+    Node passes extra trailing arguments (e.g. 'completed' gives job, result, prev); a Python
+    listener written as ``lambda job, result: ...`` gets just the ones it asks for.
+    """
+    try:
+        params = inspect.signature(listener).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    count = 0
+    for param in params:
+        if param.kind == param.VAR_POSITIONAL:
+            return None
+        if param.kind in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
+            count += 1
+    return count
+
+
 class EventEmitter:
     """Node-style events. An async listener runs as a task; a listener's error is logged, never raised."""
 
     def __init__(self) -> None:
-        self._listeners: dict[str, list[tuple[Listener, bool]]] = {}
+        self._listeners: dict[str, list[tuple[Listener, bool, Optional[int]]]] = {}
         self._listener_tasks: set[asyncio.Task[Any]] = set()
 
     def on(self, event: str, listener: Listener) -> "EventEmitter":
         """Call ``listener`` each time ``event`` happens, e.g. ``worker.on("completed", cb)``."""
-        self._listeners.setdefault(event, []).append((listener, False))
+        self._listeners.setdefault(event, []).append((listener, False, _arity(listener)))
         return self
 
     def once(self, event: str, listener: Listener) -> "EventEmitter":
-        self._listeners.setdefault(event, []).append((listener, True))
+        self._listeners.setdefault(event, []).append((listener, True, _arity(listener)))
         return self
 
     def off(self, event: str, listener: Listener) -> "EventEmitter":
         entries = self._listeners.get(event, [])
-        self._listeners[event] = [(fn, once) for fn, once in entries if fn is not listener]
+        self._listeners[event] = [entry for entry in entries if entry[0] is not listener]
         return self
 
     def listener_count(self, event: str) -> int:
@@ -41,11 +60,11 @@ class EventEmitter:
             if event == "error" and args:
                 logger.error("unhandled 'error' event: %s", args[0])
             return False
-        if any(once for _, once in entries):
-            self._listeners[event] = [(fn, once) for fn, once in entries if not once]
-        for listener, _ in entries:
+        if any(entry[1] for entry in entries):
+            self._listeners[event] = [entry for entry in entries if not entry[1]]
+        for listener, _, arity in entries:
             try:
-                result = listener(*args)
+                result = listener(*args) if arity is None else listener(*args[:arity])
                 if inspect.isawaitable(result):
                     task = asyncio.ensure_future(result)
                     self._listener_tasks.add(task)
