@@ -32,6 +32,7 @@ from bullmq_compat._errors import (
     InvalidArgument,
     InvalidJobData,
     RateLimitError,
+    RedisUnavailable,
     ScriptError,
     UnrecoverableError,
     WaitingChildrenError,
@@ -224,9 +225,16 @@ class Worker(QueueBase):
             raise InvalidArgument("worker is already running")
         self._running = True
         self.closing = False
-        await self._ensure_channel()
-        if self._calls.opts.name is None:
-            pass
+        while True:  # Redis may not be up yet: wait for it (logged once), as Node's worker does
+            try:
+                await self._ensure_channel()
+                break
+            except (RedisUnavailable, *CONNECTION_ERRORS) as err:
+                if self.closing:
+                    self._running = False
+                    return
+                await self._sleep(self._connection_trouble(err))
+        self._connection_ok()
         loop = asyncio.get_running_loop()
         installed: list[int] = []
         if handle_signals:
