@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup test bench demo clean upstream interop
 
-setup: $(STAMP) upstream interop
+setup: $(STAMP) upstream interop interop/lua/addGroupJob.lua
 
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -18,6 +18,11 @@ upstream: $(STAMP)
 	$(VPY) scripts/fetch_upstream.py
 
 interop: interop/node_modules/.package-lock.json
+
+# our group script, built from bullmq_compat/lua/ for Node producers (interop/groups.js)
+interop/lua/addGroupJob.lua: $(wildcard bullmq_compat/lua/*.lua bullmq_compat/lua/includes/*.lua) | upstream
+	mkdir -p interop/lua
+	$(VPY) -m bullmq_compat lua addGroupJob > $@.tmp && mv $@.tmp $@
 
 interop/node_modules/.package-lock.json: interop/package.json interop/package-lock.json
 	cd interop && npm ci --no-audit --no-fund --loglevel=error

@@ -9,6 +9,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 from bullmq_compat._connection import Connection, RedisHandle
 from bullmq_compat._errors import InvalidArgument, InvalidQueueName, script_error
 from bullmq_compat._events import EventEmitter
+from bullmq_compat._groups import GROUP_OPTIONS, FLOW_PARENT_REFUSED, GroupJobRefused, GroupsMixin
 from bullmq_compat._job import Job
 from bullmq_compat._wire import codec
 from bullmq_compat._wire.adding import PreparedAdd, prepare_add
@@ -86,6 +87,15 @@ class QueueBase(EventEmitter):
         script, keys, args = call
         return await self.runner.call(script, keys, args)
 
+    async def finish_calls(self, calls: list[Any]) -> list[Any]:
+        """Several worker-side calls, run by Redis in this order, in one round trip."""
+        await self.wait_until_ready()
+        results = await self.runner.call_many(calls)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return results
+
     def worker_calls(self) -> "WorkerCalls":
         """Builders of worker-side script calls, with this queue's worker options (defaults here)."""
         if self._worker_calls is None:
@@ -152,7 +162,7 @@ class QueueBase(EventEmitter):
         return codec.to_str(state)
 
 
-class Queue(QueueBase):
+class Queue(GroupsMixin, QueueBase):
     """The producer side of a queue, compatible with Node BullMQ's Queue.
 
     >>> queue = Queue("emails", connection="redis://127.0.0.1:6379/0")
@@ -165,7 +175,7 @@ class Queue(QueueBase):
                  default_job_options: Optional[Mapping[str, Any]] = None,
                  max_len_events: int = 10000, skip_meta_update: bool = False) -> None:
         super().__init__(name, connection, prefix=prefix)
-        self.default_job_options = normalize_job_options(default_job_options or {})
+        self.default_job_options = normalize_job_options(default_job_options or {}, extra=GROUP_OPTIONS)
         if isinstance(max_len_events, bool) or not isinstance(max_len_events, int) or max_len_events < 0:
             raise InvalidArgument(f"max_len_events={max_len_events!r} must be an int >= 0")
         self.max_len_events = max_len_events
@@ -179,8 +189,19 @@ class Queue(QueueBase):
 
     # -- adding ---------------------------------------------------------------------------------
     def _prepare(self, name: str, data: Any, opts: Mapping[str, Any]) -> PreparedAdd:
-        merged = merge_defaults(self.default_job_options, normalize_job_options(opts))
-        return prepare_add(self.keys, name, data, merged)
+        merged = merge_defaults(self.default_job_options, normalize_job_options(opts, extra=GROUP_OPTIONS))
+        parent = merged.get("parent")
+        if not parent:
+            return prepare_add(self.keys, name, data, merged)
+        # As Node's Job: parent.queue is the parent's qualified name ("<prefix>:<queue>").
+        parent_key = f"{parent['queue']}:{parent['id']}"
+        link: dict[str, Any] = {"id": parent["id"], "queueKey": parent["queue"]}
+        for flag, short in (("failParentOnFailure", "fpof"), ("removeDependencyOnFailure", "rdof"),
+                            ("ignoreDependencyOnFailure", "idof"), ("continueParentOnFailure", "cpof")):
+            if merged.get(flag):
+                link[short] = True
+        return prepare_add(self.keys, name, data, merged, parent_key=parent_key,
+                           parent_dependencies_key=f"{parent_key}:dependencies", parent=link)
 
     def _job_from(self, prepared: PreparedAdd, job_id: Any) -> Job:
         job = Job(self, prepared.name, prepared.data, from_wire(prepared.wire_opts), codec.to_str(job_id))
@@ -190,14 +211,19 @@ class Queue(QueueBase):
         dedup = prepared.opts.get("deduplication")
         if dedup:
             job.deduplication_id = dedup["id"]
+        parent = prepared.opts.get("parent")
+        if parent:
+            job.parent_key = f"{parent['queue']}:{parent['id']}"
         return job
 
     def _check_result(self, prepared: PreparedAdd, result: Any) -> Any:
         if isinstance(result, BaseException):
             raise result
+        if result == FLOW_PARENT_REFUSED and prepared.opts.get("group"):
+            raise GroupJobRefused(f"group {prepared.opts['group']['id']!r}: a group job cannot be a flow child")
         if isinstance(result, int) and result < 0:
             parent = prepared.opts.get("parent")
-            parent_key = f"{self.prefix}:{parent['queue']}:{parent['id']}" if parent else None
+            parent_key = f"{parent['queue']}:{parent['id']}" if parent else None
             raise script_error(result, job_id=prepared.job_id, command="addJob", parent_key=parent_key)
         return result
 
@@ -354,7 +380,7 @@ class Queue(QueueBase):
         k = self.keys
         while len(deleted) < max_count:
             ids = codec.to_str(await self.runner.call(
-                "cleanJobsInSet", [k[state], k.events, k.repeat, k.prefix_key], [timestamp, per_call, state]))
+                "cleanJobsInSet", [k[state], k.events, k.repeat], [k.prefix_key, timestamp, per_call, state]))
             deleted.extend(ids)
             if len(ids) < per_call:
                 break

@@ -37,6 +37,7 @@ from bullmq_compat._errors import (
     UnrecoverableError,
     WaitingChildrenError,
 )
+from bullmq_compat._groups import GroupKeeper
 from bullmq_compat._job import Job
 from bullmq_compat._queue import QueueBase
 from bullmq_compat._wire import codec
@@ -114,7 +115,7 @@ class Worker(QueueBase):
                  max_started_attempts: Optional[int] = None, skip_stalled_check: bool = False,
                  skip_lock_renewal: bool = False, run_retry_delay: int = 15000, use_processes: bool = False,
                  process_pool_size: Optional[int] = None, shutdown_timeout: float = 30.0,
-                 fast_path: bool = True) -> None:
+                 fast_path: bool = True, group_keeper: bool = True, group_sweep_interval: float = 5.0) -> None:
         super().__init__(queue_name, connection, prefix=prefix)
         self.id = str(uuid.uuid4())
         self.worker_name = name
@@ -146,6 +147,9 @@ class Worker(QueueBase):
         self.run_retry_delay = run_retry_delay
         self.shutdown_timeout = shutdown_timeout
         self.fast_path = fast_path
+        # releases groups whose jobs Node workers finished (see _groups.py); ours release directly
+        self._keeper: Optional[GroupKeeper] = (
+            GroupKeeper.for_queue(self, sweep_interval=group_sweep_interval) if group_keeper else None)
         self.use_processes = use_processes
         self._process_pool_size = process_pool_size or self.concurrency
         self._processor_path: Optional[str] = None
@@ -174,6 +178,7 @@ class Worker(QueueBase):
         self._idle: collections.deque[asyncio.Future[None]] = collections.deque()
         self._waiter_wanted = asyncio.Event()
         self._drained = False
+        self._drain_reported = False  # 'drained' once per empty spell, as Node (not per block timeout)
         self._limit_until = 0
         self._block_until = 0
         self._paused = False
@@ -249,6 +254,8 @@ class Worker(QueueBase):
             self._tasks.append(asyncio.ensure_future(self._lock_renewer()))
         if not self.skip_stalled_check:
             self._tasks.append(asyncio.ensure_future(self._stalled_checker()))
+        if self._keeper is not None:
+            self._tasks.append(self._keeper.start())
         self._slots = [asyncio.ensure_future(self._slot()) for _ in range(self.concurrency)]
         self.emit("ready")
         try:
@@ -280,6 +287,8 @@ class Worker(QueueBase):
                 task.cancel()
             if pending:
                 await asyncio.wait(pending)
+        if self._keeper is not None:
+            await self._keeper.close()
         for task in self._tasks:
             task.cancel()
         if self._channel is not None:
@@ -324,7 +333,9 @@ class Worker(QueueBase):
     async def rate_limit(self, expire_time_ms: int) -> None:
         """Rate-limit the whole queue for ``expire_time_ms``; then raise `RateLimitError` from the processor."""
         await self.wait_until_ready()
-        await self.client.set(self.keys.limiter, "1", px=_positive_int("expire_time_ms", expire_time_ms))
+        # Node stores Number.MAX_SAFE_INTEGER: above any limiter max, so every worker (and the
+        # queue's global rate limit) sees the queue as limited until the key expires
+        await self.client.set(self.keys.limiter, str(2**53 - 1), px=_positive_int("expire_time_ms", expire_time_ms))
 
     # -- fetching -----------------------------------------------------------------------------------
     def _next_token(self) -> str:
@@ -359,9 +370,12 @@ class Worker(QueueBase):
         if raw is None or job_id is None:
             if not self._drained:
                 self._drained = True
-                self.emit("drained")
+                if not self._drain_reported:
+                    self._drain_reported = True
+                    self.emit("drained")
             return None
         self._drained = False
+        self._drain_reported = False
         job = Job.from_raw(self, job_id, raw)
         job.token = token
         # a job found means more may wait: bring two more idle slots in (the ramp)
@@ -509,6 +523,8 @@ class Worker(QueueBase):
         try:
             if job.parse_error:
                 raise UnrecoverableError(f"job {job.id} cannot be processed: {job.parse_error}")
+            if job.deferred_failure:  # e.g. "job stalled more than allowable limit", as Node
+                raise UnrecoverableError(job.deferred_failure)
             if self.max_started_attempts is not None and self.max_started_attempts < job.attempts_started:
                 raise UnrecoverableError("job started more than allowable limit")
             result = await self._invoke(job, token)
@@ -531,6 +547,19 @@ class Worker(QueueBase):
                 reply = await channel.call(call)
                 self._connection_ok()
                 return reply
+            except CONNECTION_ERRORS as err:
+                if self._closed.is_set():
+                    raise
+                await asyncio.sleep(self._connection_trouble(err))
+
+    async def finish_calls(self, calls: list[Any]) -> list[Any]:
+        """Several finishing calls in one write, run by Redis in order (retried like `finish_call`)."""
+        channel = await self._ensure_channel()
+        while True:
+            try:
+                replies = await channel.call_many(calls)
+                self._connection_ok()
+                return replies
             except CONNECTION_ERRORS as err:
                 if self._closed.is_set():
                     raise

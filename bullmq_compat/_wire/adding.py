@@ -47,6 +47,16 @@ def prepare_add(keys: QueueKeys, name: str, data: Any, opts: Mapping[str, Any], 
             f"the data of job {name!r} is {len(data_json.encode('utf-8'))} bytes, over size_limit={size_limit}")
     timestamp = int(opts.get("timestamp") or time.time() * 1000)
     job_id = opts.get("jobId")
+    opts = dict(opts)
+    order_ms = opts.pop("order_ms", None)
+    order_ms = opts.pop("orderMs", order_ms)
+    group = opts.get("group")
+    if group is not None:
+        from bullmq_compat._groups import check_group_combination
+
+        check_group_combination(opts)
+    elif order_ms is not None:
+        raise InvalidJobOptions(f"option order_ms={order_ms!r} orders jobs within a group: pass group= too")
     wire_opts = to_wire(opts)
     dedup = opts.get("deduplication")
     args = [
@@ -63,7 +73,14 @@ def prepare_add(keys: QueueKeys, name: str, data: Any, opts: Mapping[str, Any], 
     ]
     scripts = upstream_scripts()
     delay = opts.get("delay")
-    if add_to_waiting_children:
+    extra_args: list[Any] = []
+    if group is not None:
+        from bullmq_compat._groups import add_script, gate_keys
+
+        script = add_script()
+        script_keys = [*gate_keys(keys), keys.id]
+        extra_args = [group["id"], order_ms if order_ms is not None else timestamp, int(time.time() * 1000)]
+    elif add_to_waiting_children:
         script = scripts["addParentJob"]
         script_keys = [keys.meta, keys.id, keys.delayed, keys.waiting_children, keys.completed, keys.events]
     elif isinstance(delay, (int, float)) and delay > 0:
@@ -80,5 +97,5 @@ def prepare_add(keys: QueueKeys, name: str, data: Any, opts: Mapping[str, Any], 
     return PreparedAdd(
         name=name, data=data if data is not None else {}, data_json=data_json, opts=dict(opts),
         wire_opts=wire_opts, timestamp=timestamp, job_id=job_id, script=script, keys=script_keys,
-        args=[codec.pack(args), data_json, codec.pack(wire_opts)],
+        args=[codec.pack(args), data_json, codec.pack(wire_opts), *extra_args],
     )

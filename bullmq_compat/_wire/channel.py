@@ -17,10 +17,28 @@ from bullmq_compat._wire.runner import ScriptRunner
 from bullmq_compat._wire.worker_calls import Call
 
 
+def blocking_client(client: Any, name: Optional[str] = None) -> Any:
+    """A redis-py client of one dedicated connection with no socket timeout, for blocking reads
+    (BZPOPMIN, XREAD BLOCK) that must not tie up or time out the shared client. Redis Cluster
+    clients route per key and are returned as they are."""
+    pool = getattr(client, "connection_pool", None)
+    kwargs = dict(getattr(pool, "connection_kwargs", {}) or {})
+    if pool is None or type(client).__name__ == "RedisCluster" or not kwargs:
+        return client
+    # redis-py 8 has a default socket timeout: a blocking wait needs none.
+    kwargs.update(socket_timeout=None, client_name=name)
+    return aioredis.Redis(connection_pool=pool.__class__(
+        connection_class=pool.connection_class, max_connections=1, **kwargs))
+
+
 class Channel:
     """Script calls plus a blocking marker wait, over connections the channel owns."""
 
     async def call(self, call: Call) -> Any:
+        raise NotImplementedError
+
+    async def call_many(self, calls: list[Call]) -> list[Any]:
+        """Several calls executed by Redis in this order (one write on the fast path)."""
         raise NotImplementedError
 
     async def wait_marker(self, marker_key: str, timeout: float) -> Optional[tuple[str, float]]:
@@ -76,6 +94,10 @@ class FastChannel(Channel):
             return await conn.execute(b"EVAL", script.lua, len(keys), *keys,
                                       *("" if a is None else a for a in args))
 
+    async def call_many(self, calls: list[Call]) -> list[Any]:
+        # gather starts the calls in order within one loop turn: one connection, one write, in order
+        return list(await asyncio.gather(*(self.call(c) for c in calls)))
+
     async def wait_marker(self, marker_key: str, timeout: float) -> Optional[tuple[str, float]]:
         conn = self._blocking
         if conn is None or conn.closed:
@@ -107,17 +129,16 @@ class RedisPyChannel(Channel):
         script, keys, args = call
         return await self._runner.call(script, keys, args)
 
+    async def call_many(self, calls: list[Call]) -> list[Any]:
+        results = await self._runner.call_many(calls)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return results
+
     def _blocking_client(self) -> Any:
         if self._blocking is None:
-            pool = getattr(self._client, "connection_pool", None)
-            kwargs = dict(getattr(pool, "connection_kwargs", {}) or {})
-            if pool is None or type(self._client).__name__ == "RedisCluster" or not kwargs:
-                self._blocking = self._client
-            else:
-                # redis-py 8 has a default socket timeout: a blocking wait needs none.
-                kwargs.update(socket_timeout=None, client_name=self._blocking_name)
-                blocking_pool = pool.__class__(connection_class=pool.connection_class, max_connections=1, **kwargs)
-                self._blocking = aioredis.Redis(connection_pool=blocking_pool)
+            self._blocking = blocking_client(self._client, self._blocking_name)
         return self._blocking
 
     async def wait_marker(self, marker_key: str, timeout: float) -> Optional[tuple[str, float]]:

@@ -1,0 +1,320 @@
+"""Per-group FIFO: one job at a time per group (or k), groups in parallel, under any worker.
+
+Jobs of a group wait behind a gate our scripts own (``bullmq_compat/lua/``): only the head of
+each group is visible to workers, whichever language they are written in. The rest are held,
+and listed in upstream's ``waiting-children`` set so Bull-Board and ``getJobCounts`` show them.
+Whoever finishes a group job releases the next: a bullmq-compat worker pipelines the release
+right after its own moveToFinished; jobs finished by Node workers are released by a
+`GroupKeeper` that follows the queue's events stream and sweeps the group index. Release is
+idempotent, and safety never depends on the keeper: without one, held jobs only wait longer.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+
+import redis.exceptions as redis_exc
+
+from bullmq_compat._errors import BullMQCompatError, InvalidArgument, InvalidJobOptions
+from bullmq_compat._wire import codec
+from bullmq_compat._wire.keys import QueueKeys
+from bullmq_compat._wire.lua import Script, own_script
+
+if TYPE_CHECKING:
+    from bullmq_compat._connection import Connection
+
+logger = logging.getLogger("bullmq_compat.groups")
+
+GROUP_SEQ_DIGITS = 15  # as in lua/includes/groupGate.lua
+FLOW_PARENT_REFUSED = -100
+
+
+class GroupJobRefused(InvalidJobOptions):
+    """A group job combined with an option that cannot hold under the group gate."""
+
+
+def add_script() -> Script:
+    return own_script("addGroupJob-12.lua")
+
+
+def update_script() -> Script:
+    return own_script("updateGroups-11.lua")
+
+
+def check_group(name: str, value: Any) -> dict[str, str]:
+    """``group="user:42"`` or ``group={"id": "user:42"}`` → BullMQ Pro's ``{"id": ...}`` shape."""
+    if isinstance(value, str):
+        value = {"id": value}
+    if not isinstance(value, Mapping) or set(value) != {"id"}:
+        raise InvalidJobOptions(f"option group={value!r} must be a group id str or {{'id': str}}")
+    gid = value["id"]
+    if not isinstance(gid, str) or not gid:
+        raise InvalidJobOptions(f"option group={value!r}: the group id must be a non-empty str")
+    return {"id": gid}
+
+
+def check_order_ms(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise InvalidJobOptions(f"option order_ms={value!r} must be a producer timestamp in ms (a number >= 0)")
+    return int(value)
+
+
+GROUP_OPTIONS = {"group": check_group, "order_ms": check_order_ms, "orderMs": check_order_ms}
+
+# Options that cannot hold for a job behind the gate, and why.
+_REFUSED_WITH_GROUP = {
+    "parent": "a group job cannot be a flow child (upstream would release it from waiting-children "
+              "when its parent's dependencies change)",
+    "deduplication": "deduplication is not supported for group jobs yet",
+    "repeatJobKey": "scheduler jobs cannot be group jobs",
+}
+
+
+def check_group_combination(opts: Mapping[str, Any]) -> None:
+    for option, reason in _REFUSED_WITH_GROUP.items():
+        if option in opts:
+            raise GroupJobRefused(f"option {option!r} cannot be used with group={opts['group']!r}: {reason}")
+
+
+def gate_keys(keys: QueueKeys) -> list[str]:
+    """KEYS[1..11] of our group scripts (group keys themselves are derived from the prefix)."""
+    return [keys.wait, keys.meta, keys.active, keys.marker, keys.prioritized, keys.pc, keys.delayed,
+            keys.events, keys.waiting_children, keys.completed, keys.failed]
+
+
+def release_call(keys: QueueKeys, job_id: str) -> tuple[Script, list[str], list[Any]]:
+    """Free ``job_id``'s group slot if it has finished and release the group's next jobs."""
+    return update_script(), gate_keys(keys), [keys.prefix_key, "release", job_id, "", int(time.time() * 1000)]
+
+
+def update_call(keys: QueueKeys, op: str, arg: Any = "", arg2: Any = "") -> tuple[Script, list[str], list[Any]]:
+    return update_script(), gate_keys(keys), [keys.prefix_key, op, arg, arg2, int(time.time() * 1000)]
+
+
+def held_job_id(member: str) -> str:
+    return member[GROUP_SEQ_DIGITS:]
+
+
+class GroupKeeper:
+    """Releases groups whose jobs were finished by Node workers, and sweeps the group index.
+
+    Run it beside Node-only workers (``bullmq-compat keeper --queue Q``); every bullmq-compat
+    Worker also runs one. Any number may run at once: release is idempotent.
+
+    >>> keeper = GroupKeeper("emails", connection="redis://127.0.0.1:6379/0")
+    >>> await keeper.run()        # until close()
+    """
+
+    FINISH_EVENTS = frozenset({"completed", "failed", "removed"})
+
+    def __init__(self, queue_name: str, connection: "Connection" = None, *, prefix: str = "bull",
+                 sweep_interval: float = 5.0, block_ms: int = 5000) -> None:
+        from bullmq_compat._queue import QueueBase
+
+        self._queue = QueueBase(queue_name, connection, prefix=prefix)
+        self.sweep_interval = sweep_interval
+        self.block_ms = block_ms
+        self.closing = False
+        self._blocking: Any = None
+        self._task: Optional[asyncio.Task[None]] = None
+        self.released = 0
+
+    @classmethod
+    def for_queue(cls, queue: Any, *, sweep_interval: float = 5.0) -> "GroupKeeper":
+        """A keeper sharing an existing queue's (or worker's) connection."""
+        keeper = cls.__new__(cls)
+        keeper._queue = queue
+        keeper.sweep_interval = sweep_interval
+        keeper.block_ms = 5000
+        keeper.closing = False
+        keeper._blocking = None
+        keeper._task = None
+        keeper.released = 0
+        return keeper
+
+    async def sweep(self) -> int:
+        """Release every group whose slot holder has finished; returns how many jobs were released."""
+        queue = self._queue
+        await queue.wait_until_ready()
+        cursor, total = "0", 0
+        while True:
+            script, keys, args = update_call(queue.keys, "sweep", cursor, 200)
+            cursor, released = codec.to_str(await queue.runner.call(script, keys, args))
+            total += int(released)
+            if cursor == "0":
+                break
+        self.released += total
+        return total
+
+    async def release(self, job_ids: Sequence[str]) -> int:
+        queue = self._queue
+        results = await queue.runner.call_many([release_call(queue.keys, job_id) for job_id in job_ids])
+        released = sum(int(r) for r in results if isinstance(r, int))
+        self.released += released
+        return released
+
+    async def run(self) -> None:
+        """Follow the events stream (XREAD BLOCK) and sweep every ``sweep_interval`` seconds."""
+        from bullmq_compat._wire.channel import blocking_client
+
+        queue = self._queue
+        await queue.wait_until_ready()
+        self._blocking = blocking_client(queue.client)
+        last_id = "$"
+        next_sweep = 0.0
+        trouble = False
+        while not self.closing:
+            try:
+                if time.monotonic() >= next_sweep:
+                    await self.sweep()
+                    next_sweep = time.monotonic() + self.sweep_interval
+                block = max(1, min(self.block_ms, int((next_sweep - time.monotonic()) * 1000)))
+                reply = await self._blocking.xread({queue.keys.events: last_id}, count=1000, block=block)
+                trouble = False
+            except (redis_exc.ConnectionError, redis_exc.TimeoutError, OSError, ConnectionError) as err:
+                if self.closing:
+                    break
+                if not trouble:
+                    logger.warning("group keeper for %s lost Redis (%s); retrying", queue.name, err)
+                    trouble = True
+                await asyncio.sleep(1.0)
+                continue
+            finished: list[str] = []
+            for _stream, entries in reply or []:
+                for entry_id, fields in entries:
+                    last_id = codec.to_str(entry_id)
+                    fields = codec.str_dict(fields)
+                    if fields.get("event") in self.FINISH_EVENTS and fields.get("jobId"):
+                        finished.append(fields["jobId"])
+            if finished:
+                await self.release(finished)
+
+    async def close(self) -> None:
+        self.closing = True
+        if self._blocking is not None and self._blocking is not self._queue.client:
+            await self._blocking.aclose()
+        if self._task is not None:
+            self._task.cancel()
+
+    def start(self) -> "asyncio.Task[None]":
+        self._task = asyncio.ensure_future(self._run_quietly())
+        return self._task
+
+    async def _run_quietly(self) -> None:
+        try:
+            await self.run()
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            if not self.closing:
+                logger.exception("group keeper for %s stopped", self._queue.name)
+
+
+class GroupsMixin:
+    """Group methods of `Queue`."""
+
+    keys: QueueKeys
+    runner: Any
+    client: Any
+    if TYPE_CHECKING:
+        async def wait_until_ready(self) -> None: ...  # provided by QueueBase
+
+    async def _group_op(self, op: str, arg: Any = "", arg2: Any = "") -> Any:
+        await self.wait_until_ready()
+        script, keys, args = update_call(self.keys, op, arg, arg2)
+        return await self.runner.call(script, keys, args)
+
+    @staticmethod
+    def _gid(group_id: Any) -> str:
+        return check_group("group", group_id)["id"]
+
+    async def set_group_concurrency(self, group_id: str, concurrency: int) -> None:
+        """Let up to ``concurrency`` jobs of ``group_id`` run at once (default 1)."""
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise InvalidArgument(f"concurrency={concurrency!r} must be an int >= 1")
+        await self._group_op("concurrency", self._gid(group_id), concurrency)
+
+    async def set_default_group_concurrency(self, concurrency: int) -> None:
+        """The concurrency of every group of this queue without its own setting."""
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise InvalidArgument(f"concurrency={concurrency!r} must be an int >= 1")
+        await self._group_op("concurrency", "*", concurrency)
+        await GroupKeeper.for_queue(self).sweep()
+
+    async def get_group_concurrency(self, group_id: str) -> int:
+        await self.wait_until_ready()
+        own, default = await self.client.hmget(self.keys.prefix_key + "grp:conc", self._gid(group_id), "*")
+        return int(own or default or 1)
+
+    async def pause_group(self, group_id: str) -> None:
+        """Hold every not-yet-started job of the group; running ones finish."""
+        await self._group_op("pause", self._gid(group_id))
+
+    async def resume_group(self, group_id: str) -> None:
+        await self._group_op("resume", self._gid(group_id))
+
+    async def is_group_paused(self, group_id: str) -> bool:
+        await self.wait_until_ready()
+        return bool(await self.client.sismember(self.keys.prefix_key + "grp:paused", self._gid(group_id)))
+
+    async def get_group_job_count(self, group_id: str) -> int:
+        """Jobs of the group waiting for their turn."""
+        await self.wait_until_ready()
+        return int(await self.client.zcard(self.keys.prefix_key + "grp:held:" + self._gid(group_id)))
+
+    async def get_group_jobs(self, group_id: str, start: int = 0, end: int = -1) -> list[Any]:
+        """Jobs of the group waiting for their turn, in the order they will run."""
+        await self.wait_until_ready()
+        members = codec.to_str(await self.client.zrange(
+            self.keys.prefix_key + "grp:held:" + self._gid(group_id), start, end))
+        ids = [held_job_id(m) for m in members]
+        jobs = [await self.get_job(job_id) for job_id in ids]  # type: ignore[attr-defined]
+        return [job for job in jobs if job is not None]
+
+    async def get_groups(self, status: Optional[str] = None) -> list[dict[str, Any]]:
+        """Groups with jobs: ``[{"id", "waiting", "running", "paused", "concurrency"}]``.
+
+        ``status``: None (all), "waiting" (has held jobs), "running" (has released jobs) or "paused".
+        """
+        if status not in (None, "waiting", "running", "active", "paused"):
+            raise InvalidArgument(f"status={status!r} must be None, 'waiting', 'running' or 'paused'")
+        await self.wait_until_ready()
+        base = self.keys.prefix_key
+        gids = set(codec.to_str(await self.client.smembers(base + "grp:index")))
+        gids |= set(codec.to_str(await self.client.smembers(base + "grp:paused")))
+        ordered = sorted(gids)
+        pipe = self.client.pipeline(transaction=False)
+        for gid in ordered:
+            pipe.zcard(base + "grp:held:" + gid)
+            pipe.scard(base + "grp:run:" + gid)
+            pipe.sismember(base + "grp:paused", gid)
+            pipe.hmget(base + "grp:conc", gid, "*")
+        replies = await pipe.execute() if ordered else []
+        groups = []
+        for i, gid in enumerate(ordered):
+            held, running, paused, conc = replies[4 * i: 4 * i + 4]
+            group = {"id": gid, "waiting": int(held), "running": int(running), "paused": bool(paused),
+                     "concurrency": int(conc[0] or conc[1] or 1)}
+            if (status is None or (status == "waiting" and group["waiting"])
+                    or (status in ("running", "active") and group["running"])
+                    or (status == "paused" and group["paused"])):
+                groups.append(group)
+        return groups
+
+    async def delete_group_jobs(self, group_id: str) -> int:
+        """Remove the group's jobs that wait for their turn (running ones are left); returns how many."""
+        return int(await self._group_op("delete", self._gid(group_id)))
+
+    async def sweep_groups(self) -> int:
+        """Release groups whose running job has finished (what the keeper does periodically)."""
+        return await GroupKeeper.for_queue(self).sweep()
+
+
+def refuse_flow_parent(result: Any, gid: str) -> None:
+    if result == FLOW_PARENT_REFUSED:
+        raise GroupJobRefused(f"group {gid!r}: a group job cannot be a flow child")
+
+
+__all__ = ["GroupKeeper", "GroupJobRefused", "BullMQCompatError"]

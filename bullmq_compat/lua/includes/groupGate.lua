@@ -1,0 +1,103 @@
+--[[
+  The per-group gate of bullmq-compat (see the README's "Groups").
+
+  Keys, all derived from the queue prefix (so a hash-tagged prefix keeps them in one slot):
+    <prefix>grp:held:<gid>   zset of held jobs: score = order (order_ms or add time),
+                             member = 15-digit add sequence .. jobId (ties keep add order)
+    <prefix>grp:run:<gid>    set of the group's released jobs (at most its concurrency)
+    <prefix>grp:index        set of groups with held or released jobs (swept periodically)
+    <prefix>grp:conc         hash gid -> concurrency ("*" = the queue's default; else 1)
+    <prefix>grp:paused       set of paused groups
+    <prefix>grp:jobs         hash jobId -> gid, for jobs held or released
+    <prefix>grp:seq          add-sequence counter
+]]
+
+--- @include "<upstream>/includes/addDelayedJob"
+--- @include "<upstream>/includes/addJobInTargetList"
+--- @include "<upstream>/includes/addJobWithPriority"
+--- @include "<upstream>/includes/isQueuePausedOrMaxed"
+
+local GROUP_SEQ_DIGITS = 15
+
+local function groupConcurrency(prefix, gid)
+  local conc = rcall("HMGET", prefix .. "grp:conc", gid, "*")
+  return tonumber(conc[1]) or tonumber(conc[2]) or 1
+end
+
+-- Enqueue a job that was held: exactly as upstream adds it (delayed, prioritized or waiting).
+local function enqueueReleasedJob(prefix, jobId, q, now, maxEvents, pausedOrMaxed)
+  local fields = rcall("HMGET", prefix .. jobId, "timestamp", "delay", "priority", "opts")
+  local timestamp = tonumber(fields[1]) or now
+  local delay = tonumber(fields[2]) or 0
+  local priority = tonumber(fields[3]) or 0
+  if delay > 0 and timestamp + delay > now then
+    addDelayedJob(jobId, q.delayed, q.events, timestamp, maxEvents, q.marker, delay)
+    return pausedOrMaxed
+  end
+  if pausedOrMaxed == nil then
+    pausedOrMaxed = isQueuePausedOrMaxed(q.meta, q.active)
+  end
+  if priority > 0 then
+    addJobWithPriority(q.marker, q.prioritized, priority, jobId, q.pc, pausedOrMaxed)
+  else
+    local opts = cjson.decode(fields[4] or "{}")
+    addJobInTargetList(q.wait, q.marker, opts["lifo"] and "RPUSH" or "LPUSH", pausedOrMaxed, jobId)
+  end
+  rcall("XADD", q.events, "MAXLEN", "~", maxEvents, "*", "event", "waiting", "jobId", jobId,
+    "prev", "waiting-children")
+  return pausedOrMaxed
+end
+
+-- Release held jobs of a group while it has free slots; returns how many were released.
+local function releaseHeldGroupJobs(prefix, gid, q, now, maxEvents)
+  local heldKey = prefix .. "grp:held:" .. gid
+  local runKey = prefix .. "grp:run:" .. gid
+  local released = 0
+  if rcall("SISMEMBER", prefix .. "grp:paused", gid) == 0 then
+    local limit = groupConcurrency(prefix, gid)
+    local pausedOrMaxed = nil
+    while rcall("SCARD", runKey) < limit do
+      local first = rcall("ZRANGE", heldKey, 0, 0)[1]
+      if not first then
+        break
+      end
+      rcall("ZREM", heldKey, first)
+      local jobId = string.sub(first, GROUP_SEQ_DIGITS + 1)
+      -- a held job removed meanwhile (Bull-Board, Node job.remove()) has left waiting-children
+      if rcall("ZREM", q.waitingChildren, jobId) == 1 and rcall("EXISTS", prefix .. jobId) == 1 then
+        pausedOrMaxed = enqueueReleasedJob(prefix, jobId, q, now, maxEvents, pausedOrMaxed)
+        rcall("SADD", runKey, jobId)
+        released = released + 1
+      else
+        rcall("HDEL", prefix .. "grp:jobs", jobId)
+      end
+    end
+  end
+  if rcall("SCARD", runKey) == 0 and rcall("ZCARD", heldKey) == 0 then
+    rcall("SREM", prefix .. "grp:index", gid)
+  end
+  return released
+end
+
+-- Free a released job's slot once it has left the running states; true when freed.
+local function freeGroupSlot(prefix, gid, jobId, q)
+  local runKey = prefix .. "grp:run:" .. gid
+  if rcall("SISMEMBER", runKey, jobId) == 0 then
+    return false
+  end
+  local finished = rcall("EXISTS", prefix .. jobId) == 0
+    or rcall("ZSCORE", q.completed, jobId)
+    or rcall("ZSCORE", q.failed, jobId)
+  if not finished then
+    return false -- retrying, backing off or stalled: still the group's current job
+  end
+  rcall("SREM", runKey, jobId)
+  rcall("HDEL", prefix .. "grp:jobs", jobId)
+  return true
+end
+
+local function queueKeysFrom(keys)
+  return { wait = keys[1], meta = keys[2], active = keys[3], marker = keys[4], prioritized = keys[5],
+    pc = keys[6], delayed = keys[7], events = keys[8], waitingChildren = keys[9], completed = keys[10],
+    failed = keys[11] }
+end

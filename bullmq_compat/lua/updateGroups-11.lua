@@ -1,0 +1,92 @@
+--[[
+  Operations on bullmq-compat's group gates. Idempotent: any number of workers and keepers
+  may call them for the same job.
+
+    KEYS[1..11] wait, meta, active, marker, prioritized, pc, delayed, events, waiting-children,
+                completed, failed
+
+    ARGV[1] key prefix
+    ARGV[2] operation:
+            "release"     ARGV[3] jobId: free its slot if it has finished (completed, failed
+                          for good or removed) and release the group's next held jobs
+            "sweep"       ARGV[3] cursor, ARGV[4] count: release for every group in a SSCAN
+                          page of the group index; returns {next cursor, released}
+            "pause"       ARGV[3] gid
+            "resume"      ARGV[3] gid
+            "concurrency" ARGV[3] gid ("*" for the queue default), ARGV[4] k
+            "delete"      ARGV[3] gid: remove the group's held jobs; returns how many
+    ARGV[5] now (ms)
+
+    Output: number of jobs released (or removed, for "delete")
+]]
+local rcall = redis.call
+local q = nil
+
+--- @include "<upstream>/includes/getOrSetMaxEvents"
+--- @include "<upstream>/includes/removeJob"
+--- @include "includes/groupGate"
+
+q = queueKeysFrom(KEYS)
+local prefix = ARGV[1]
+local op = ARGV[2]
+local now = tonumber(ARGV[5])
+local maxEvents = getOrSetMaxEvents(q.meta)
+
+local function freeFinished(gid)
+  local runKey = prefix .. "grp:run:" .. gid
+  for _, jobId in ipairs(rcall("SMEMBERS", runKey)) do
+    freeGroupSlot(prefix, gid, jobId, q)
+  end
+end
+
+if op == "release" then
+  local jobId = ARGV[3]
+  local gid = rcall("HGET", prefix .. "grp:jobs", jobId)
+  if not gid then
+    return 0
+  end
+  if freeGroupSlot(prefix, gid, jobId, q) then
+    return releaseHeldGroupJobs(prefix, gid, q, now, maxEvents)
+  end
+  return 0
+elseif op == "sweep" then
+  local page = rcall("SSCAN", prefix .. "grp:index", ARGV[3], "COUNT", tonumber(ARGV[4]))
+  local released = 0
+  for _, gid in ipairs(page[2]) do
+    freeFinished(gid)
+    released = released + releaseHeldGroupJobs(prefix, gid, q, now, maxEvents)
+  end
+  return { page[1], released }
+elseif op == "pause" then
+  rcall("SADD", prefix .. "grp:paused", ARGV[3])
+  return 0
+elseif op == "resume" then
+  rcall("SREM", prefix .. "grp:paused", ARGV[3])
+  return releaseHeldGroupJobs(prefix, ARGV[3], q, now, maxEvents)
+elseif op == "concurrency" then
+  rcall("HSET", prefix .. "grp:conc", ARGV[3], ARGV[4])
+  if ARGV[3] == "*" then
+    return 0
+  end
+  return releaseHeldGroupJobs(prefix, ARGV[3], q, now, maxEvents)
+elseif op == "delete" then
+  local gid = ARGV[3]
+  local heldKey = prefix .. "grp:held:" .. gid
+  local removed = 0
+  for _, member in ipairs(rcall("ZRANGE", heldKey, 0, -1)) do
+    local jobId = string.sub(member, GROUP_SEQ_DIGITS + 1)
+    rcall("HDEL", prefix .. "grp:jobs", jobId)
+    if rcall("ZREM", q.waitingChildren, jobId) == 1 then
+      removeJob(jobId, true, prefix, true)
+      rcall("XADD", q.events, "MAXLEN", "~", maxEvents, "*", "event", "removed", "jobId", jobId,
+        "prev", "waiting-children")
+      removed = removed + 1
+    end
+  end
+  rcall("DEL", heldKey)
+  if rcall("SCARD", prefix .. "grp:run:" .. gid) == 0 then
+    rcall("SREM", prefix .. "grp:index", gid)
+  end
+  return removed
+end
+return redis.error_reply("unknown group operation " .. tostring(op))
