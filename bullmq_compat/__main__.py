@@ -1,24 +1,212 @@
-"""The `bullmq-compat` command line (also `python -m bullmq_compat`)."""
+"""The `bullmq-compat` command line (also `python -m bullmq_compat`).
+
+Errors print one line saying what to do, never a traceback.
+"""
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
+import shutil
 import signal
+import subprocess
 import sys
-from typing import Optional, Sequence
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import redis.exceptions as redis_exc
 
 from bullmq_compat._errors import BullMQCompatError
 
-DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
+DEFAULT_REDIS = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-async def _keeper(args: argparse.Namespace) -> int:
+class CliError(BullMQCompatError):
+    pass
+
+
+class Progress:
+    """A one-line progress bar on stderr for long operations (only on a terminal)."""
+
+    def __init__(self, total: Optional[int], label: str) -> None:
+        self.total, self.label, self.done = total, label, 0
+        self.enabled = sys.stderr.isatty()
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        if not self.enabled:
+            return
+        if self.total:
+            width = 30
+            filled = int(width * min(self.done, self.total) / self.total)
+            sys.stderr.write(f"\r{self.label} [{'#' * filled}{' ' * (width - filled)}] {self.done}/{self.total}")
+        else:
+            sys.stderr.write(f"\r{self.label} {self.done}")
+        sys.stderr.flush()
+
+    def finish(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+def _json_arg(text: Optional[str], what: str) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as err:
+        raise CliError(f"--{what} is not valid JSON ({err}): pass e.g. --{what} '{{\"key\": 1}}'") from None
+
+
+def _table(rows: list[list[Any]], headers: list[str]) -> str:
+    cells = [headers] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _queue(args: argparse.Namespace, name: str) -> Any:
+    from bullmq_compat._queue import Queue
+
+    return Queue(name, args.redis, prefix=args.prefix)
+
+
+async def _discover_queues(args: argparse.Namespace) -> list[str]:
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(args.redis, decode_responses=True)
+    try:
+        names = set()
+        async for key in client.scan_iter(match=f"{args.prefix}:*:meta", count=1000):
+            names.add(key[len(args.prefix) + 1:-len(":meta")])
+        return sorted(names)
+    finally:
+        await client.aclose()
+
+
+async def cmd_info(args: argparse.Namespace) -> int:
+    queues = args.queue or await _discover_queues(args)
+    if not queues:
+        print(f"no queues under prefix {args.prefix!r} at {args.redis}")
+        return 0
+    for name in queues:
+        queue = _queue(args, name)
+        try:
+            counts = await queue.get_job_counts()
+            paused = await queue.is_paused()
+            print(f"queue {name}{' (paused)' if paused else ''}")
+            print(_table([[state, n] for state, n in counts.items()], ["state", "jobs"]))
+            groups = await queue.get_groups()
+            if groups:
+                print()
+                print(_table([[g["id"], g["waiting"], g["running"], "yes" if g["paused"] else "", g["concurrency"]]
+                              for g in groups], ["group", "waiting", "running", "paused", "concurrency"]))
+            workers = await queue.get_workers()
+            print()
+            print(_table([[w.get("rawname", ""), w.get("addr", ""), w.get("age", "")] for w in workers],
+                         ["worker", "address", "age (s)"]) if workers else "workers: none connected")
+            get_schedulers = getattr(queue, "get_job_schedulers", None)
+            if get_schedulers is not None:
+                schedulers = await get_schedulers()
+                if schedulers:
+                    print()
+                    print(_table([[s.get("key", s.get("id", "")), s.get("pattern") or s.get("every", ""),
+                                   s.get("next", "")] for s in schedulers], ["scheduler", "every/pattern", "next"]))
+            print()
+        finally:
+            await queue.close()
+    return 0
+
+
+async def cmd_add(args: argparse.Namespace) -> int:
+    data = _json_arg(args.data, "data")
+    opts = _json_arg(args.opts, "opts") or {}
+    queue = _queue(args, args.queue[0])
+    try:
+        if args.count == 1:
+            job = await queue.add(args.name, data, **opts)
+            print(job.id)
+            return 0
+        progress = Progress(args.count, "adding")
+        left = args.count
+        while left > 0:
+            batch = min(1000, left)
+            await queue.add_bulk([{"name": args.name, "data": data, "opts": opts} for _ in range(batch)])
+            left -= batch
+            progress.advance(batch)
+        progress.finish()
+        print(f"added {args.count} jobs to {args.queue[0]}")
+        return 0
+    finally:
+        await queue.close()
+
+
+async def cmd_retry_failed(args: argparse.Namespace) -> int:
+    queue = _queue(args, args.queue[0])
+    try:
+        total = (await queue.get_job_counts("failed"))["failed"]
+        progress = Progress(total, "retrying")
+        await queue.retry_jobs(count=args.count, state="failed")
+        progress.advance(total)
+        progress.finish()
+        print(f"moved {total} failed jobs of {args.queue[0]} back to waiting")
+        return 0
+    finally:
+        await queue.close()
+
+
+async def cmd_clean(args: argparse.Namespace) -> int:
+    queue = _queue(args, args.queue[0])
+    try:
+        total = (await queue.get_job_counts(args.state)).get(args.state, 0) if args.state != "paused" else None
+        progress = Progress(min(total, args.limit) if total and args.limit else total, "cleaning")
+        removed = 0
+        while True:  # in batches, so the bar moves and no script runs for long
+            batch = await queue.clean(args.grace, 1000 if not args.limit else min(1000, args.limit - removed),
+                                      args.state)
+            removed += len(batch)
+            progress.advance(len(batch))
+            if len(batch) < 1000 or (args.limit and removed >= args.limit):
+                break
+        progress.finish()
+        print(f"removed {removed} {args.state} jobs from {args.queue[0]}")
+        return 0
+    finally:
+        await queue.close()
+
+
+async def cmd_pause(args: argparse.Namespace) -> int:
+    for name in args.queue:
+        queue = _queue(args, name)
+        try:
+            await (queue.pause() if args.command == "pause" else queue.resume())
+            print(f"{name}: {'paused' if args.command == 'pause' else 'resumed'}")
+        finally:
+            await queue.close()
+    return 0
+
+
+async def cmd_worker(args: argparse.Namespace) -> int:
+    from bullmq_compat._worker import Worker
+
+    worker = Worker(args.queue[0], args.processor, args.redis, prefix=args.prefix, concurrency=args.concurrency,
+                    name=args.name, use_processes=args.processes)
+    print(f"worker {args.name or worker.id} processing {args.queue[0]} with {args.processor} "
+          f"(concurrency {args.concurrency}); SIGTERM or Ctrl-C stops it gracefully", flush=True)
+    await worker.run()
+    return 0
+
+
+async def cmd_keeper(args: argparse.Namespace) -> int:
     from bullmq_compat._groups import GroupKeeper
 
     keepers = [GroupKeeper(q, args.redis, prefix=args.prefix, sweep_interval=args.sweep_interval)
                for q in args.queue]
-    loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     tasks = [keeper.start() for keeper in keepers]
@@ -30,44 +218,118 @@ async def _keeper(args: argparse.Namespace) -> int:
     return 0
 
 
-def _lua(args: argparse.Namespace) -> int:
+def cmd_board(args: argparse.Namespace) -> int:
+    script = REPO_ROOT / "interop" / "board.js"
+    if not (REPO_ROOT / "interop" / "node_modules").is_dir() or shutil.which("node") is None:
+        raise CliError("Bull-Board needs Node.js and interop/node_modules: run 'make setup' in the repository")
+    argv = ["node", str(script), "--redis", args.redis, "--port", str(args.port), "--prefix", args.prefix]
+    for name in args.queue:
+        argv += ["--queue", name]
+    return subprocess.call(argv)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    script = REPO_ROOT / "scripts" / "bench.py"
+    if not script.exists():
+        raise CliError("the benchmark lives in the repository (scripts/bench.py): run it from a clone")
+    return subprocess.call([sys.executable, str(script), *args.rest])
+
+
+def cmd_lua(args: argparse.Namespace) -> int:
     """Print one of our built Lua scripts (for Node producers of group jobs, see interop/groups.js)."""
     from bullmq_compat._wire.lua import OWN_LUA_DIR, own_script
 
-    matches = sorted(OWN_LUA_DIR.glob(f"{args.name}-*.lua")) or sorted(OWN_LUA_DIR.glob(args.name))
+    matches = sorted(OWN_LUA_DIR.glob(f"{args.name}-*.lua"))
     if not matches:
         names = ", ".join(p.stem.rsplit("-", 1)[0] for p in sorted(OWN_LUA_DIR.glob("*-*.lua")))
-        raise BullMQCompatError(f"no script named {args.name!r}; ours are: {names}")
+        raise CliError(f"no script named {args.name!r}; ours are: {names}")
     sys.stdout.write(own_script(matches[0].name).lua)
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bullmq-compat", description="Node BullMQ-compatible queues from Python")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--redis", default=DEFAULT_REDIS, help=f"Redis URL (default {DEFAULT_REDIS})")
+    common.add_argument("--prefix", default="bull", help="key prefix (default bull)")
     sub = parser.add_subparsers(dest="command", required=True)
-    keeper = sub.add_parser("keeper", help="release groups whose jobs were finished by Node workers")
-    keeper.add_argument("--queue", action="append", required=True, help="queue name (repeatable)")
-    keeper.add_argument("--redis", default=DEFAULT_REDIS, help=f"Redis URL (default {DEFAULT_REDIS})")
-    keeper.add_argument("--prefix", default="bull")
-    keeper.add_argument("--sweep-interval", type=float, default=5.0, help="seconds between sweeps")
-    lua = sub.add_parser("lua", help="print one of our built Lua scripts (e.g. addGroupJob)")
-    lua.add_argument("name")
+
+    p = sub.add_parser("worker", parents=[common], help="run a worker: bullmq-compat worker pkg.mod:fn --queue Q")
+    p.add_argument("processor", help="the processor, as package.module:function")
+    p.add_argument("--queue", action="append", required=True)
+    p.add_argument("--concurrency", type=int, default=1)
+    p.add_argument("--name", default=None, help="worker name (shown in Bull-Board)")
+    p.add_argument("--processes", action="store_true", help="run the processor in child processes")
+    p.set_defaults(run=cmd_worker)
+
+    p = sub.add_parser("info", parents=[common], help="counts, groups, workers and schedulers per queue")
+    p.add_argument("--queue", action="append")
+    p.set_defaults(run=cmd_info)
+
+    p = sub.add_parser("add", parents=[common], help="add jobs: --queue Q --name N --data JSON [--count N]")
+    p.add_argument("--queue", action="append", required=True)
+    p.add_argument("--name", required=True)
+    p.add_argument("--data", default=None)
+    p.add_argument("--opts", default=None, help="job options as JSON, Python or Node names")
+    p.add_argument("--count", type=int, default=1)
+    p.set_defaults(run=cmd_add)
+
+    p = sub.add_parser("retry-failed", parents=[common], help="move failed jobs back to waiting")
+    p.add_argument("--queue", action="append", required=True)
+    p.add_argument("--count", type=int, default=1000, help="jobs per script call")
+    p.set_defaults(run=cmd_retry_failed)
+
+    p = sub.add_parser("clean", parents=[common], help="remove old jobs of one state")
+    p.add_argument("--queue", action="append", required=True)
+    p.add_argument("--state", default="completed")
+    p.add_argument("--grace", type=int, default=0, help="keep jobs younger than this many ms")
+    p.add_argument("--limit", type=int, default=0, help="at most this many (0 = all)")
+    p.set_defaults(run=cmd_clean)
+
+    for name in ("pause", "resume"):
+        p = sub.add_parser(name, parents=[common], help=f"{name} queues for every worker")
+        p.add_argument("--queue", action="append", required=True)
+        p.set_defaults(run=cmd_pause)
+
+    p = sub.add_parser("keeper", parents=[common], help="release groups whose jobs Node workers finished")
+    p.add_argument("--queue", action="append", required=True)
+    p.add_argument("--sweep-interval", type=float, default=5.0, help="seconds between sweeps")
+    p.set_defaults(run=cmd_keeper)
+
+    p = sub.add_parser("board", parents=[common], help="serve Bull-Board for queues (needs interop/)")
+    p.add_argument("--queue", action="append", required=True)
+    p.add_argument("--port", type=int, default=3000)
+    p.set_defaults(run=cmd_board)
+
+    p = sub.add_parser("bench", help="the side-by-side benchmark (scripts/bench.py)")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(run=cmd_bench)
+
+    p = sub.add_parser("lua", help="print one of our built Lua scripts (e.g. addGroupJob)")
+    p.add_argument("name")
+    p.set_defaults(run=cmd_lua)
     return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.command == "keeper":
-            return asyncio.run(_keeper(args))
-        if args.command == "lua":
-            return _lua(args)
+        result = args.run(args)
+        if asyncio.iscoroutine(result):
+            result = asyncio.run(result)
+        return int(result or 0)
     except BullMQCompatError as err:
         print(f"bullmq-compat: {err}", file=sys.stderr)
         return 2
+    except (ConnectionError, OSError, redis_exc.ConnectionError, redis_exc.TimeoutError) as err:
+        print(f"bullmq-compat: cannot reach Redis at {getattr(args, 'redis', '?')} ({err}); "
+              "check --redis and that redis-server is running", file=sys.stderr)
+        return 2
+    except redis_exc.RedisError as err:
+        print(f"bullmq-compat: Redis refused the command: {err}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
-    return 1
 
 
 if __name__ == "__main__":
