@@ -13,8 +13,10 @@ from bullmq_compat._errors import (
     UnrecoverableError,
     script_error,
 )
+from bullmq_compat._job_flow import FlowJobMixin
 from bullmq_compat._wire import codec
 from bullmq_compat._wire.options import from_wire, normalize_job_options
+from bullmq_compat._wire.worker_calls import attempts_of
 
 if TYPE_CHECKING:
     from bullmq_compat._queue import QueueBase
@@ -42,7 +44,7 @@ def _json(text: Optional[str], default: Any) -> Any:
         return default
 
 
-class Job:
+class Job(FlowJobMixin):
     """A job of a queue, as Node BullMQ's Job shows it, with Python names.
 
     >>> job = await queue.add("send", {"to": "a@b"}, attempts=3)
@@ -107,6 +109,9 @@ class Job:
             problems.append(f"opts is not a JSON object ({err})")
         if "name" not in raw:
             problems.append("the job hash has no name")
+        attempts = stored_opts.get("attempts")
+        if attempts is not None and (isinstance(attempts, bool) or not isinstance(attempts, (int, float))):
+            problems.append(f"opts.attempts={attempts!r} is not a number")
         job = cls(queue, raw.get("name", ""), data, from_wire(stored_opts), job_id)
         job.timestamp = _int(raw, "timestamp") or 0
         job.delay = _int(raw, "delay") or 0
@@ -138,7 +143,7 @@ class Job:
 
     @property
     def attempts(self) -> int:
-        return int(self.opts.get("attempts") or 0)
+        return attempts_of(self.opts)
 
     def to_dict(self) -> dict[str, Any]:
         """The job's fields as a plain dict (for logs, JSON APIs and tests)."""
@@ -173,6 +178,14 @@ class Job:
 
     async def is_active(self) -> bool:
         return await self.get_state() == "active"
+
+    async def wait_until_finished(self, queue_events: Any, timeout: Optional[int] = None) -> Any:
+        """Wait (listening through a running `QueueEvents` of this queue) until the job finishes:
+        its return value, or `JobFailed` with its failedReason; `JobWaitTimeout` after ``timeout`` ms.
+        A job already finished answers at once."""
+        from bullmq_compat._queue_events import wait_until_finished
+
+        return await wait_until_finished(self, queue_events, timeout)
 
     # -- changing ---------------------------------------------------------------------------
     async def _run(self, script: str, keys: list[Any], args: list[Any], *, state: str = "") -> Any:

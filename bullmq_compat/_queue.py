@@ -11,6 +11,9 @@ from bullmq_compat._errors import InvalidArgument, InvalidQueueName, script_erro
 from bullmq_compat._events import EventEmitter
 from bullmq_compat._groups import GROUP_OPTIONS, FLOW_PARENT_REFUSED, GroupJobRefused, GroupsMixin
 from bullmq_compat._job import Job
+from bullmq_compat import _telemetry as telemetry_attrs
+from bullmq_compat._telemetry import resolve as resolve_telemetry
+from opentelemetry.trace import SpanKind
 from bullmq_compat._wire import codec
 from bullmq_compat._wire.adding import PreparedAdd, prepare_add
 from bullmq_compat._wire.keys import QueueKeys
@@ -173,13 +176,14 @@ class Queue(GroupsMixin, QueueBase):
 
     def __init__(self, name: str, connection: Connection = None, *, prefix: str = "bull",
                  default_job_options: Optional[Mapping[str, Any]] = None,
-                 max_len_events: int = 10000, skip_meta_update: bool = False) -> None:
+                 max_len_events: int = 10000, skip_meta_update: bool = False, telemetry: Any = None) -> None:
         super().__init__(name, connection, prefix=prefix)
         self.default_job_options = normalize_job_options(default_job_options or {}, extra=GROUP_OPTIONS)
         if isinstance(max_len_events, bool) or not isinstance(max_len_events, int) or max_len_events < 0:
             raise InvalidArgument(f"max_len_events={max_len_events!r} must be an int >= 0")
         self.max_len_events = max_len_events
         self.skip_meta_update = skip_meta_update
+        self.telemetry = resolve_telemetry(telemetry)
 
     async def _first_use(self) -> None:
         await super()._first_use()
@@ -233,16 +237,48 @@ class Queue(GroupsMixin, QueueBase):
 
         Bad input raises an `InvalidArgument` subclass before anything is written.
         """
+        if self.telemetry is not None:
+            return await self._add_traced(name, data, opts)
         prepared = self._prepare(name, data, opts)
         await self.wait_until_ready()
         result = await self.runner.call(prepared.script, prepared.keys, prepared.args)
         return self._job_from(prepared, self._check_result(prepared, result))
+
+    @staticmethod
+    def _with_trace_context(opts: Mapping[str, Any], metadata: str) -> dict[str, Any]:
+        """Store the producer span's context in opts.tm unless the job omits it (omc), as Node does."""
+        given = dict(opts.get("telemetry") or {})
+        if given.get("omit_context") or given.get("omitContext"):
+            return dict(opts)
+        return {**opts, "telemetry": {"metadata": metadata}}
+
+    async def _add_traced(self, name: str, data: Any, opts: Mapping[str, Any]) -> Job:
+        assert self.telemetry is not None
+        with self.telemetry.span(SpanKind.PRODUCER, self.name, "add", f"{self.name}.{name}") as (span, metadata):
+            prepared = self._prepare(name, data, self._with_trace_context(opts, metadata))
+            await self.wait_until_ready()
+            result = await self.runner.call(prepared.script, prepared.keys, prepared.args)
+            job = self._job_from(prepared, self._check_result(prepared, result))
+            span.set_attributes({telemetry_attrs.JOB_NAME: name, telemetry_attrs.JOB_ID: str(job.id),
+                                 telemetry_attrs.MESSAGING_MESSAGE_ID: str(job.id)})
+            return job
 
     async def add_bulk(self, jobs: Sequence[Mapping[str, Any]]) -> list[Job]:
         """Add many jobs in one round trip: ``[{"name": ..., "data": ..., "opts": {...}}, ...]``.
 
         Every item is validated before anything is sent, so bad input writes nothing.
         """
+        if self.telemetry is not None:
+            names = [item.get("name") for item in jobs if isinstance(item, Mapping)]
+            with self.telemetry.span(SpanKind.PRODUCER, self.name, "addBulk", self.name, attributes={
+                    telemetry_attrs.BULK_NAMES: [str(n) for n in names],
+                    telemetry_attrs.BULK_COUNT: len(jobs)}) as (_span, metadata):
+                return await self._add_bulk([
+                    {**item, "opts": self._with_trace_context(item.get("opts") or {}, metadata)}
+                    if isinstance(item, Mapping) else item for item in jobs])
+        return await self._add_bulk(jobs)
+
+    async def _add_bulk(self, jobs: Sequence[Mapping[str, Any]]) -> list[Job]:
         prepared: list[PreparedAdd] = []
         for index, item in enumerate(jobs):
             if not isinstance(item, Mapping):
@@ -463,3 +499,40 @@ class Queue(GroupsMixin, QueueBase):
         await self.wait_until_ready()
         return int(await self.runner.call("getRateLimitTtl", [self.keys.limiter, self.keys.meta],
                                           [max_jobs if max_jobs is not None else "0"]))
+
+    # -- metrics and the events stream (issue #5) ------------------------------------------------
+    async def get_metrics(self, type: str, start: int = 0, end: int = -1) -> dict[str, Any]:
+        """Jobs finished per minute, newest first, as Node's getMetrics: ``{"meta": {"count",
+        "prevTS", "prevCount"}, "data": [...], "count": n}`` (workers need ``metrics=`` to record)."""
+        if type not in ("completed", "failed"):
+            raise InvalidArgument(f"type={type!r}: metrics are kept for 'completed' and 'failed'")
+        await self.wait_until_ready()
+        meta, data, count = await self.runner.call(
+            "getMetrics", [self.keys[f"metrics:{type}"], self.keys[f"metrics:{type}:data"]], [start, end])
+
+        def number(value: Any) -> int:
+            try:
+                return int(float(codec.to_str(value)))
+            except (TypeError, ValueError):
+                return 0
+        return {"meta": {"count": number(meta[0]), "prevTS": number(meta[1]), "prevCount": number(meta[2])},
+                "data": [number(point) for point in data or []], "count": int(count)}
+
+    async def get_counts_per_priority(self, priorities: Iterable[int]) -> dict[str, int]:
+        """Waiting jobs per priority (0: no priority), keyed as Node keys them: ``{"0": 3, "5": 1}``."""
+        unique: list[int] = []
+        for priority in priorities:
+            if isinstance(priority, bool) or not isinstance(priority, int) or priority < 0:
+                raise InvalidArgument(f"priority {priority!r} must be an int >= 0")
+            if priority not in unique:
+                unique.append(priority)
+        await self.wait_until_ready()
+        counts = await self.runner.call("getCountsPerPriority", [self.keys.wait, self.keys.prioritized], unique)
+        return {str(priority): int(count or 0) for priority, count in zip(unique, counts)}
+
+    async def trim_events(self, max_length: int) -> int:
+        """Trim the events stream to about ``max_length`` entries; returns how many were removed."""
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 0:
+            raise InvalidArgument(f"max_length={max_length!r} must be an int >= 0")
+        await self.wait_until_ready()
+        return int(await self.client.xtrim(self.keys.events, maxlen=max_length, approximate=True))

@@ -39,6 +39,9 @@ from bullmq_compat._errors import (
 )
 from bullmq_compat._groups import GroupKeeper
 from bullmq_compat._job import Job
+from bullmq_compat import _telemetry as telemetry_attrs
+from bullmq_compat._telemetry import resolve as resolve_telemetry
+from opentelemetry.trace import SpanKind
 from bullmq_compat._queue import QueueBase
 from bullmq_compat._wire import codec
 from bullmq_compat._wire.channel import Channel, open_channel
@@ -115,7 +118,8 @@ class Worker(QueueBase):
                  max_started_attempts: Optional[int] = None, skip_stalled_check: bool = False,
                  skip_lock_renewal: bool = False, run_retry_delay: int = 15000, use_processes: bool = False,
                  process_pool_size: Optional[int] = None, shutdown_timeout: float = 30.0,
-                 fast_path: bool = True, group_keeper: bool = True, group_sweep_interval: float = 5.0) -> None:
+                 fast_path: bool = True, group_keeper: bool = True, group_sweep_interval: float = 5.0,
+                 telemetry: Any = None) -> None:
         super().__init__(queue_name, connection, prefix=prefix)
         self.id = str(uuid.uuid4())
         self.worker_name = name
@@ -147,6 +151,7 @@ class Worker(QueueBase):
         self.run_retry_delay = run_retry_delay
         self.shutdown_timeout = shutdown_timeout
         self.fast_path = fast_path
+        self.telemetry = resolve_telemetry(telemetry)
         # releases groups whose jobs Node workers finished (see _groups.py); ours release directly
         self._keeper: Optional[GroupKeeper] = (
             GroupKeeper.for_queue(self, sweep_interval=group_sweep_interval) if group_keeper else None)
@@ -518,6 +523,27 @@ class Worker(QueueBase):
 
     async def _process(self, job: Job) -> Optional[Job]:
         """Run the processor on ``job`` and finish it; returns the next job when fetched with it."""
+        if self.telemetry is not None:
+            return await self._process_traced(job)
+        return await self._process_plain(job)
+
+    async def _process_traced(self, job: Job) -> Optional[Job]:
+        """The consumer span ``process <queue>``, child of the producer's span stored in opts.tm."""
+        assert self.telemetry is not None
+        tm = (job.opts.get("telemetry") or {}).get("metadata")
+        with self.telemetry.span(SpanKind.CONSUMER, self.name, "process", self.name, parent_metadata=tm,
+                                 attributes={telemetry_attrs.WORKER_ID: self.id,
+                                             telemetry_attrs.WORKER_NAME: self.worker_name or "",
+                                             telemetry_attrs.JOB_ID: str(job.id),
+                                             telemetry_attrs.JOB_NAME: job.name,
+                                             telemetry_attrs.MESSAGING_MESSAGE_ID: str(job.id)}) as (span, _):
+            next_job = await self._process_plain(job)
+            span.set_attribute(telemetry_attrs.JOB_ATTEMPTS_MADE, job.attempts_made)
+            if job.failed_reason:
+                span.add_event("job failed", {telemetry_attrs.JOB_FAILED_REASON: job.failed_reason})
+            return next_job
+
+    async def _process_plain(self, job: Job) -> Optional[Job]:
         token = job.token or ""
         self._active[str(job.id)] = [token, time.monotonic()]
         try:

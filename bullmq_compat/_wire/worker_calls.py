@@ -15,6 +15,14 @@ from bullmq_compat._wire.lua import Script, upstream_scripts
 Call = tuple[Script, list[Any], list[Any]]
 
 
+def attempts_of(opts: Mapping[str, Any]) -> int:
+    """opts.attempts as an int; a foreign job's unreadable value counts as 0 (no retries)."""
+    try:
+        return int(opts.get("attempts") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
 @dataclass
 class WorkerWireOptions:
     """The worker options that travel inside script arguments."""
@@ -90,7 +98,7 @@ class WorkerCalls:
         packed = codec.pack({
             "token": token, "name": self.opts.name, "keepJobs": keep_jobs(job_keep, worker_keep),
             "limiter": self.opts.limiter, "lockDuration": self.opts.lock_duration,
-            "attempts": job_opts.get("attempts") or 0, "maxMetricsSize": self.opts.max_metrics_size,
+            "attempts": attempts_of(job_opts), "maxMetricsSize": self.opts.max_metrics_size,
             "fpof": bool(job_opts.get("fail_parent_on_failure")),
             "cpof": bool(job_opts.get("continue_parent_on_failure")),
             "idof": bool(job_opts.get("ignore_dependency_on_failure")),
