@@ -1,0 +1,11 @@
+"""Processors for the CLI tests (imported by `bullmq-compat worker tests.cli_jobs:...`)."""
+import time
+
+
+async def double(job):
+    return {"double": job.data["i"] * 2}
+
+
+def slow(job):
+    time.sleep(1.0)
+    return "slow-done"

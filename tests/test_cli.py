@@ -1,0 +1,163 @@
+"""The `bullmq-compat` command line, run as a subprocess as users run it."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bullmq_compat import Queue
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "bullmq_compat", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_add_then_info_shows_the_counts(redis_url, queue_name):
+    added = cli("add", "--redis", redis_url, "--queue", queue_name, "--name", "n", "--data", '{"i": 1}')
+    assert added.returncode == 0, added.stderr
+    assert added.stdout.strip() == "1"
+    bulk = cli("add", "--redis", redis_url, "--queue", queue_name, "--name", "n", "--count", "2500")
+    assert bulk.returncode == 0 and "added 2500 jobs" in bulk.stdout
+    info = cli("info", "--redis", redis_url, "--queue", queue_name)
+    assert info.returncode == 0, info.stderr
+    assert f"queue {queue_name}" in info.stdout
+    assert any(line.split() == ["waiting", "2501"] for line in info.stdout.splitlines())
+
+
+def test_info_lists_groups_with_their_counts(redis_url, queue_name):
+    for _ in range(3):
+        assert cli("add", "--redis", redis_url, "--queue", queue_name, "--name", "g",
+                   "--opts", '{"group": "user:7"}').returncode == 0
+    info = cli("info", "--redis", redis_url, "--queue", queue_name)
+    row = next(line.split() for line in info.stdout.splitlines() if line.startswith("user:7"))
+    assert row[:3] == ["user:7", "2", "1"]
+
+
+def test_pause_and_resume(redis_url, queue_name):
+    async def paused() -> bool:
+        queue = Queue(queue_name, redis_url)
+        try:
+            return await queue.is_paused()
+        finally:
+            await queue.close()
+
+    assert cli("pause", "--redis", redis_url, "--queue", queue_name).returncode == 0
+    assert asyncio.run(paused()) is True
+    assert cli("resume", "--redis", redis_url, "--queue", queue_name).returncode == 0
+    assert asyncio.run(paused()) is False
+
+
+def test_worker_processes_jobs_and_stops_gracefully_on_sigterm(redis_url, queue_name):
+    async def add_and_read(ids=None):
+        queue = Queue(queue_name, redis_url)
+        try:
+            if ids is None:
+                return [(await queue.add("d", {"i": i})).id for i in range(3)]
+            return [(await queue.get_job(i)).returnvalue for i in ids]
+        finally:
+            await queue.close()
+
+    ids = asyncio.run(add_and_read())
+    proc = subprocess.Popen([sys.executable, "-m", "bullmq_compat", "worker", "tests.cli_jobs:double",
+                             "--queue", queue_name, "--redis", redis_url, "--concurrency", "2"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 15
+        values = asyncio.run(add_and_read(ids))
+        while None in values and time.monotonic() < deadline:
+            time.sleep(0.2)
+            values = asyncio.run(add_and_read(ids))
+        assert values == [{"double": 0}, {"double": 2}, {"double": 4}]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_retry_failed_and_clean(redis_url, queue_name):
+    async def make_failed() -> None:
+        from bullmq_compat import Worker
+
+        queue = Queue(queue_name, redis_url)
+        await queue.add_bulk([{"name": "f", "data": {}} for _ in range(5)])
+
+        async def fail(job):
+            raise ValueError("nope")
+
+        done = asyncio.Event()
+        count = 0
+
+        def on_failed(*_):
+            nonlocal count
+            count += 1
+            if count == 5:
+                done.set()
+
+        worker = Worker(queue_name, fail, redis_url, concurrency=5, group_keeper=False)
+        worker.on("failed", on_failed)
+        task = asyncio.ensure_future(worker.run(handle_signals=False))
+        await asyncio.wait_for(done.wait(), 10)
+        await worker.close()
+        await task
+        await queue.close()
+
+    async def counts() -> dict:
+        queue = Queue(queue_name, redis_url)
+        try:
+            return await queue.get_job_counts("failed", "waiting")
+        finally:
+            await queue.close()
+
+    asyncio.run(make_failed())
+    assert asyncio.run(counts()) == {"failed": 5, "waiting": 0}
+    retried = cli("retry-failed", "--redis", redis_url, "--queue", queue_name)
+    assert retried.returncode == 0 and "moved 5 failed jobs" in retried.stdout
+    assert asyncio.run(counts()) == {"failed": 0, "waiting": 5}
+    cleaned = cli("clean", "--redis", redis_url, "--queue", queue_name, "--state", "waiting")
+    assert cleaned.returncode == 0 and "removed 5 waiting jobs" in cleaned.stdout
+    assert asyncio.run(counts()) == {"failed": 0, "waiting": 0}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["info", "--redis", "redis://127.0.0.1:1/0"], "cannot reach Redis at redis://127.0.0.1:1/0"),
+    (["add", "--queue", "q", "--name", "n", "--data", "{bad"], "--data is not valid JSON"),
+    (["add", "--queue", "q", "--name", "n", "--opts", '{"nope": 1}'], "unknown job option 'nope'"),
+    (["worker", "no_such_module:fn", "--queue", "q"], "cannot import 'no_such_module'"),
+    (["lua", "nothing"], "no script named 'nothing'"),
+])
+def test_errors_print_one_line_without_a_traceback(args, message, redis_url):
+    if "--redis" not in args:
+        args = [*args, "--redis", redis_url] if args[0] != "lua" else args
+    result = cli(*args)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+
+
+def test_keeper_runs_until_sigterm(redis_url, queue_name):
+    proc = subprocess.Popen([sys.executable, "-m", "bullmq_compat", "keeper", "--queue", queue_name,
+                             "--redis", redis_url], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert "keeper running" in proc.stdout.readline()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_console_script_is_installed():
+    script = Path(sys.executable).parent / "bullmq-compat"
+    result = subprocess.run([str(script), "--help"], capture_output=True, text=True, env={**os.environ})
+    assert result.returncode == 0 and "keeper" in result.stdout
