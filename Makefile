@@ -4,9 +4,9 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test bench demo clean upstream interop
+.PHONY: setup test bench demo clean upstream interop browser
 
-setup: $(STAMP) upstream interop interop/lua/addGroupJob.lua
+setup: $(STAMP) upstream interop interop/lua/addGroupJob.lua browser
 
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -27,8 +27,16 @@ interop/lua/addGroupJob.lua: $(wildcard bullmq_compat/lua/*.lua bullmq_compat/lu
 interop/node_modules/.package-lock.json: interop/package.json interop/package-lock.json
 	cd interop && npm ci --no-audit --no-fund --loglevel=error
 
+# Debian's chromium, for the Bull-Board browser test (tests/test_browser_board.py)
+browser:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
 test: setup
 	$(VPY) -m pytest -q $(PYTEST_ARGS)
+
+demo: setup
+	$(VPY) scripts/demo.py
 
 bench: setup
 	$(VPY) scripts/bench.py $(BENCH_ARGS)

@@ -50,7 +50,8 @@ async function main() {
 
   const serverAdapter = new ExpressAdapter();
   serverAdapter.setBasePath('/');
-  createBullBoard({ queues: queues.map((q) => new BullMQAdapter(q)), serverAdapter });
+  // showWorkers: the board lists the workers connected to each queue (Python ones included)
+  createBullBoard({ queues: queues.map((q) => new BullMQAdapter(q)), serverAdapter, options: { uiConfig: { showWorkers: true } } });
   const app = express();
   app.use('/', serverAdapter.getRouter());
 

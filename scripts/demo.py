@@ -1,0 +1,104 @@
+"""`make demo`: a Node producer, a Python worker and Bull-Board on http://127.0.0.1:3000.
+
+Uses the Redis at REDIS_URL, else 127.0.0.1:6379 when one answers, else starts a redis-server
+of its own. Ctrl-C stops everything it started.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+QUEUE = os.environ.get("DEMO_QUEUE", "demo")
+PORT = int(os.environ.get("DEMO_PORT", "3000"))
+
+
+def _answers(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def redis_url(started: list[subprocess.Popen[bytes]]) -> str:
+    if os.environ.get("REDIS_URL"):
+        return os.environ["REDIS_URL"]
+    if _answers("127.0.0.1", 6379):
+        return "redis://127.0.0.1:6379/0"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind",
+                             "127.0.0.1", "--save", "", "--dir", tempfile.mkdtemp(prefix="bullmq-demo-")],
+                            stdout=subprocess.DEVNULL)
+    started.append(proc)
+    deadline = time.monotonic() + 10
+    while not _answers("127.0.0.1", port):
+        if time.monotonic() > deadline:
+            raise SystemExit("redis-server did not start")
+        time.sleep(0.05)
+    return f"redis://127.0.0.1:{port}/0"
+
+
+async def process(job):
+    """The demo's Python processor: sleeps a little, fails `failTimes` times, then succeeds."""
+    await asyncio.sleep(job.data.get("ms", 200) / 1000)
+    if job.attempts_made < job.data.get("failTimes", 0):
+        raise RuntimeError(f"{job.name} failed on attempt {job.attempts_made + 1} (demo)")
+    await job.log(f"processed by the Python worker for {job.name}")
+    return {"done": job.name, "by": "python"}
+
+
+async def run_worker(url: str) -> None:
+    from bullmq_compat import Queue, Worker
+
+    queue = Queue(QUEUE, url)
+    await queue.obliterate(force=True)  # a fresh demo each run (only the demo queue)
+    await queue.close()
+    producer = await asyncio.create_subprocess_exec("node", str(ROOT / "interop" / "demo_producer.js"), url, QUEUE,
+                                                    cwd=str(ROOT))
+    if await producer.wait() != 0:
+        raise SystemExit("the Node producer failed")
+    worker = Worker(QUEUE, process, url, name="python-demo-worker", concurrency=4)
+    worker.on("completed", lambda job, result: print(f"  completed {job.name} #{job.id}"))
+    worker.on("failed", lambda job, err: print(f"  failed    {job.name} #{job.id}: {err}"))
+    await worker.run()
+
+
+def main() -> int:
+    started: list[subprocess.Popen[bytes]] = []
+    try:
+        url = redis_url(started)
+        board = subprocess.Popen(["node", str(ROOT / "interop" / "board.js"), "--redis", url, "--port", str(PORT),
+                                  "--queue", QUEUE], cwd=ROOT, stdout=subprocess.PIPE)
+        started.append(board)
+        board.stdout.readline()  # {"listening": ...}
+        print(f"Redis:      {url}")
+        print(f"Bull-Board: http://127.0.0.1:{PORT}/  (queue {QUEUE!r}; Ctrl-C stops the demo)")
+        asyncio.run(run_worker(url))
+        return 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        for proc in reversed(started):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
