@@ -31,9 +31,12 @@ from bullmq_compat._errors import (
     UpstreamScriptsMissing,
 )
 from bullmq_compat._job import Job
+from bullmq_compat._flow import FlowProducer, JobNode
 from bullmq_compat._queue import Queue
 from bullmq_compat._sandbox import ChildCrashed, SandboxedJob
 from bullmq_compat._worker import Worker
+from bullmq_compat._errors import JobFailed, JobWaitTimeout
+from bullmq_compat._queue_events import QueueEvents, QueueEventsProducer
 from bullmq_compat._wire.upstream import UPSTREAM_VERSION
 
 __version__ = "0.1.0"
@@ -46,3 +49,5 @@ __all__ = [
     "ParentJobNotFound", "Queue", "RedisUnavailable", "SchedulerJobIdCollision", "SchedulerJobSlotsBusy",
     "ScriptError", "UPSTREAM_VERSION", "UpstreamScriptsMissing", "__version__",
 ]
+__all__ += ["JobFailed", "JobWaitTimeout", "QueueEvents", "QueueEventsProducer"]
+__all__ += ["FlowProducer", "JobNode"]

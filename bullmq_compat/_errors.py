@@ -152,3 +152,17 @@ class WaitingChildrenError(BullMQCompatError):
 
     def __init__(self, message: str = "bullmq:movedToWaitingChildren") -> None:
         super().__init__(message)
+
+
+# -- raised by Job.wait_until_finished ----------------------------------------------------------
+class JobFailed(BullMQCompatError):
+    """The job waited for failed; the message (and `failed_reason`) is its failedReason."""
+
+    def __init__(self, failed_reason: str, *, job_id: Optional[str] = None) -> None:
+        super().__init__(failed_reason)
+        self.failed_reason = failed_reason
+        self.job_id = job_id
+
+
+class JobWaitTimeout(BullMQCompatError, TimeoutError):
+    """No finish notification for the job waited for arrived within the timeout."""

@@ -351,7 +351,12 @@ class Job(FlowJobMixin):
     async def move_to_waiting_children(self, token: str, child: Optional[Mapping[str, str]] = None) -> bool:
         """From a processor: wait for this job's children; True when moved (then raise
         `WaitingChildrenError`), False when it has no pending children."""
-        child_key = f"{self.queue.prefix}:{child['queue']}:{child['id']}" if child else ""
+        child_key = ""
+        if child:
+            # as in Node, child["queue"] is the qualified name ("<prefix>:<queue>", like parent=);
+            # a bare queue name (queue names have no ':') is taken to be under this job's prefix
+            queue = child["queue"] if ":" in child["queue"] else f"{self.queue.prefix}:{child['queue']}"
+            child_key = f"{queue}:{child['id']}"
         reply = await self._finish(self.queue.worker_calls().move_to_waiting_children(
             str(self.id), token, int(time.time() * 1000), child_key), "moveToWaitingChildren")
         return reply == 0

@@ -11,6 +11,7 @@ from bullmq_compat._errors import InvalidArgument, InvalidQueueName, script_erro
 from bullmq_compat._events import EventEmitter
 from bullmq_compat._groups import GROUP_OPTIONS, FLOW_PARENT_REFUSED, GroupJobRefused, GroupsMixin
 from bullmq_compat._job import Job
+from bullmq_compat._scheduler import JobSchedulerMixin
 from bullmq_compat import _telemetry as telemetry_attrs
 from bullmq_compat._telemetry import resolve as resolve_telemetry
 from opentelemetry.trace import SpanKind
@@ -165,7 +166,7 @@ class QueueBase(EventEmitter):
         return codec.to_str(state)
 
 
-class Queue(GroupsMixin, QueueBase):
+class Queue(GroupsMixin, JobSchedulerMixin, QueueBase):
     """The producer side of a queue, compatible with Node BullMQ's Queue.
 
     >>> queue = Queue("emails", connection="redis://127.0.0.1:6379/0")
