@@ -94,9 +94,33 @@ class FastChannel(Channel):
             return await conn.execute(b"EVAL", script.lua, len(keys), *keys,
                                       *("" if a is None else a for a in args))
 
-    async def call_many(self, calls: list[Call]) -> list[Any]:
-        # gather starts the calls in order within one loop turn: one connection, one write, in order
-        return list(await asyncio.gather(*(self.call(c) for c in calls)))
+    async def call_many(self, calls: list[Call], raise_errors: bool = True) -> list[Any]:
+        """With ``raise_errors=False`` each failed call's exception is returned in its place."""
+        # all queued in this tick: one connection, one write, run by Redis in this order
+        conn = self._conn
+        if conn is None or conn.closed:
+            conn = await self._connection()
+        execute = conn.execute
+        futures = [execute(b"EVALSHA", script.sha, len(keys), *keys, *("" if a is None else a for a in args))
+                   for script, keys, args in calls]
+        results: list[Any] = []
+        first_error: Optional[BaseException] = None
+        for (script, keys, args), future in zip(calls, futures):
+            try:
+                results.append(await future)
+            except ReplyError as err:
+                if err.code == "NOSCRIPT":  # it never ran: load it by running it with EVAL
+                    results.append(await execute(b"EVAL", script.lua, len(keys), *keys,
+                                                 *("" if a is None else a for a in args)))
+                    continue
+                results.append(err)
+                first_error = first_error or err
+            except Exception as err:
+                results.append(err)
+                first_error = first_error or err
+        if first_error is not None and raise_errors:
+            raise first_error
+        return results
 
     async def wait_marker(self, marker_key: str, timeout: float) -> Optional[tuple[str, float]]:
         conn = self._blocking
