@@ -31,14 +31,20 @@ class PreparedAdd:
 def check_job_name(name: Any) -> str:
     if not isinstance(name, str):
         raise InvalidArgument(f"job name {name!r} must be a str")
+    if not codec.is_utf8(name):
+        raise InvalidArgument(f"job name {name!r} is not valid UTF-8 text (a lone surrogate)")
     return name
 
 
 def prepare_add(keys: QueueKeys, name: str, data: Any, opts: Mapping[str, Any], *,
                 parent_key: Optional[str] = None, parent_dependencies_key: Optional[str] = None,
                 parent: Optional[Mapping[str, Any]] = None, add_to_waiting_children: bool = False,
-                defer_parent_release: bool = False) -> PreparedAdd:
-    """Validate and encode one job; ``opts`` is already normalised and merged (Node form)."""
+                defer_parent_release: bool = False, job_id: Optional[str] = None) -> PreparedAdd:
+    """Validate and encode one job; ``opts`` is already normalised and merged (Node form).
+
+    ``job_id`` is an id chosen by the caller without storing it in the options (as Node's
+    FlowProducer does with the ids it generates); by default the id is ``opts["jobId"]``.
+    """
     check_job_name(name)
     data_json = codec.dumps({} if data is None else data)
     size_limit = opts.get("sizeLimit")
@@ -46,7 +52,7 @@ def prepare_add(keys: QueueKeys, name: str, data: Any, opts: Mapping[str, Any], 
         raise InvalidJobOptions(
             f"the data of job {name!r} is {len(data_json.encode('utf-8'))} bytes, over size_limit={size_limit}")
     timestamp = int(opts.get("timestamp") or time.time() * 1000)
-    job_id = opts.get("jobId")
+    job_id = opts.get("jobId") if job_id is None else job_id
     opts = dict(opts)
     order_ms = opts.pop("order_ms", None)
     order_ms = opts.pop("orderMs", order_ms)

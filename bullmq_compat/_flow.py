@@ -1,0 +1,323 @@
+"""FlowProducer: trees of jobs across queues, added in one transaction, as Node BullMQ's.
+
+A parent is added in ``waiting-children`` and each of its children holds a link to it; upstream's
+scripts move the parent on (to waiting) when its last child finishes, whichever language runs the
+workers. Every node of a call goes into one MULTI/EXEC, in the order Node sends them (parents
+before their children, level by level), each add deferring its parent's release; a
+``releaseParentIfNoPendingDependencies`` per parent closes the transaction, as Node's ``addFlow``.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping, Optional, Sequence
+
+from redis.exceptions import NoScriptError, ResponseError
+
+from bullmq_compat._connection import Connection, RedisHandle
+from bullmq_compat._errors import BullMQCompatError, InvalidArgument, InvalidJobOptions, script_error
+from bullmq_compat._job import Job
+from bullmq_compat._queue import Queue, check_prefix, check_queue_name
+from bullmq_compat._wire.adding import PreparedAdd, prepare_add
+from bullmq_compat._wire.lua import Script, upstream_scripts
+from bullmq_compat._wire.options import merge_defaults, normalize_job_options
+from bullmq_compat._wire.runner import _argv
+
+_NODE_KEYS = {"name", "queue_name", "queueName", "data", "opts", "children", "prefix"}
+_GROUP_KEYS = ("group", "order_ms", "orderMs")
+_POLICY_FLAGS = (("failParentOnFailure", "fpof"), ("removeDependencyOnFailure", "rdof"),
+                 ("ignoreDependencyOnFailure", "idof"), ("continueParentOnFailure", "cpof"))
+
+
+@dataclass
+class JobNode:
+    """One node of a flow: its `Job` and its children's nodes (empty for a leaf).
+
+    Also readable as Node's plain object: ``node["job"]``, ``node["children"]``.
+    """
+
+    job: Job
+    children: list["JobNode"] = field(default_factory=list)
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in ("job", "children"):
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def walk(self) -> Iterator["JobNode"]:
+        """This node, then every node below it (depth first)."""
+        yield self
+        for child in self.children:
+            yield from child.walk()
+
+
+def parse_node_key(key: str) -> tuple[str, str, str]:
+    """``"<prefix>:<queue>:<id>"`` → (prefix, queue, id); the prefix may itself hold colons."""
+    last = key.rfind(":")
+    previous = key.rfind(":", 0, last) if last > 0 else -1
+    if last == -1 or previous == -1:
+        parts = (key.split(":") + ["", "", ""])[:3]
+        return parts[0], parts[1], parts[2]
+    return key[:previous], key[previous + 1:last], key[last + 1:]
+
+
+@dataclass
+class _Entry:
+    """One node's add, ready to go into the transaction."""
+
+    prepared: PreparedAdd
+    node: JobNode
+    parent_key: Optional[str]
+
+
+class FlowProducer:
+    """Adds flows — a parent job that runs once all its children (in any queues) are done.
+
+    >>> flows = FlowProducer(connection="redis://127.0.0.1:6379/0")
+    >>> tree = await flows.add({
+    ...     "name": "render", "queue_name": "renders", "data": {"movie": 7},
+    ...     "children": [{"name": "frame", "queue_name": "frames", "data": {"n": n}} for n in range(3)],
+    ... })
+    >>> await tree.job.get_state()
+    'waiting-children'
+
+    The parent's processor reads its children's results with ``await job.get_children_values()``.
+    Child options ``fail_parent_on_failure``, ``ignore_dependency_on_failure``,
+    ``remove_dependency_on_failure`` and ``continue_parent_on_failure`` choose what a child's
+    failure does to its parent, as in Node.
+    """
+
+    def __init__(self, connection: Connection = None, *, prefix: str = "bull") -> None:
+        self.prefix = check_prefix(prefix)
+        self._redis = RedisHandle(connection)
+        self.client: Any = self._redis.client
+        self._queues: dict[tuple[str, str], Queue] = {}
+        self._ready = False
+        self.closing = False
+
+    async def wait_until_ready(self) -> None:
+        if not self._ready:
+            await self._redis.check()
+            self._ready = True
+
+    async def close(self) -> None:
+        self.closing = True
+        await self._redis.close()
+
+    async def __aenter__(self) -> "FlowProducer":
+        await self.wait_until_ready()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    def queue(self, name: str, prefix: Optional[str] = None) -> Queue:
+        """The Queue (on this producer's connection) that jobs of queue ``name`` are bound to."""
+        prefix = self.prefix if prefix is None else check_prefix(prefix)
+        found = self._queues.get((prefix, name))
+        if found is None:
+            found = Queue(name, self.client, prefix=prefix, skip_meta_update=True)
+            self._queues[(prefix, name)] = found
+        return found
+
+    # -- adding ---------------------------------------------------------------------------------
+    async def add(self, flow: Mapping[str, Any], *,
+                  queues_options: Optional[Mapping[str, Mapping[str, Any]]] = None) -> JobNode:
+        """Add one flow atomically: every job of the tree, or (on bad input) none.
+
+        ``flow`` is ``{"name", "queue_name" (or Node's "queueName"), "data", "opts", "children":
+        [...flows], "prefix"}``; a root may name an existing parent in ``opts["parent"]``.
+        ``queues_options`` gives default job options per queue name:
+        ``{"frames": {"default_job_options": {"attempts": 3}}}``.
+        """
+        return (await self._add([flow], queues_options))[0]
+
+    async def add_bulk(self, flows: Sequence[Mapping[str, Any]]) -> list[JobNode]:
+        """Add several flows in one transaction; a bad one refuses them all before anything is written."""
+        if isinstance(flows, (str, bytes, Mapping)) or not isinstance(flows, Sequence):
+            raise InvalidArgument(f"add_bulk takes a list of flows, not {type(flows).__name__}")
+        return await self._add(list(flows), None)
+
+    async def _add(self, flows: list[Mapping[str, Any]],
+                   queues_options: Optional[Mapping[str, Mapping[str, Any]]]) -> list[JobNode]:
+        if self.closing:
+            raise BullMQCompatError("this FlowProducer is closed")
+        defaults = self._queue_defaults(queues_options)
+        entries, roots = self._collect(flows, defaults)
+        if not entries:
+            return roots
+        await self.wait_until_ready()
+        now = int(time.time() * 1000)
+        calls: list[tuple[Script, list[Any], list[Any]]] = [
+            (e.prepared.script, e.prepared.keys, e.prepared.args) for e in entries]
+        release = upstream_scripts()["releaseParentIfNoPendingDependencies"]
+        parents: dict[str, dict[str, Any]] = {}
+        for entry in entries:
+            link = entry.node.job.parent
+            if entry.parent_key and link:
+                parents[entry.parent_key] = link
+        for parent_key, link in parents.items():
+            calls.append((release, [parent_key, f"{parent_key}:dependencies"], [link["queueKey"], link["id"], now]))
+        results = await self._transaction(calls)
+        for entry, result in zip(entries, results):
+            if isinstance(result, BaseException):
+                raise result
+            if isinstance(result, int) and result < 0:
+                raise script_error(result, job_id=str(entry.node.job.id), command="addJob",
+                                   parent_key=entry.parent_key)
+        for result in results[len(entries):]:
+            if isinstance(result, BaseException):
+                raise result
+        return roots
+
+    async def _transaction(self, calls: list[tuple[Script, list[Any], list[Any]]]) -> list[Any]:
+        """All calls in one MULTI/EXEC. Scripts are loaded first: a NOSCRIPT inside the transaction
+        would fail that one call and let the others run, breaking the all-or-nothing add."""
+        scripts = list({script.sha: script for script, _, _ in calls}.values())
+        loaded = await self.client.script_exists(*(s.sha for s in scripts))
+        for script, present in zip(scripts, loaded):
+            if not present:
+                await self.client.script_load(script.lua)
+        pipe = self.client.pipeline(transaction=True)
+        for script, keys, args in calls:
+            # execute_command, not pipe.evalsha: a RedisCluster pipeline blocks its evalsha method
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *_argv(keys, args))
+        results = list(await pipe.execute(raise_on_error=False))
+        if any(isinstance(r, NoScriptError) or (isinstance(r, ResponseError) and str(r).startswith("NOSCRIPT"))
+               for r in results):
+            raise BullMQCompatError(
+                "Redis dropped the flow scripts during the add (SCRIPT FLUSH or a restart?): "
+                "part of the flow may be missing; check it with get_flow")
+        return results
+
+    @staticmethod
+    def _queue_defaults(queues_options: Optional[Mapping[str, Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
+        if not queues_options:
+            return {}
+        if not isinstance(queues_options, Mapping):
+            raise InvalidArgument(f"queues_options={queues_options!r} must be a dict of queue name -> options")
+        out: dict[str, dict[str, Any]] = {}
+        for name, options in queues_options.items():
+            if not isinstance(options, Mapping) or set(options) - {"default_job_options", "defaultJobOptions"}:
+                raise InvalidArgument(
+                    f"queues_options[{name!r}]={options!r} must be {{'default_job_options': {{...}}}}")
+            raw = options.get("default_job_options", options.get("defaultJobOptions")) or {}
+            out[name] = normalize_job_options(raw)
+        return out
+
+    def _collect(self, flows: list[Mapping[str, Any]], defaults: Mapping[str, dict[str, Any]]
+                 ) -> tuple[list[_Entry], list[JobNode]]:
+        """Validate and encode every node, level by level (Node's order): parents come first."""
+        entries: list[_Entry] = []
+        roots: list[JobNode] = []
+        pending: collections.deque[tuple[Any, Optional[dict[str, Any]], str, Optional[JobNode]]] = \
+            collections.deque((flow, None, f"flow[{i}]", None) for i, flow in enumerate(flows))
+        while pending:
+            spec, parent_opts, path, holder = pending.popleft()
+            entry, children = self._entry(spec, parent_opts, path, defaults)
+            entries.append(entry)
+            node = entry.node
+            if holder is None:
+                roots.append(node)
+            else:
+                holder.children.append(node)
+            link_for_children = {"id": str(node.job.id), "queue": node.job.queue.qualified_name}
+            for i, child in enumerate(children):
+                pending.append((child, link_for_children, f"{path}.children[{i}]", node))
+        return entries, roots
+
+    def _entry(self, spec: Any, parent_opts: Optional[dict[str, Any]], path: str,
+               defaults: Mapping[str, dict[str, Any]]) -> tuple[_Entry, list[Any]]:
+        if not isinstance(spec, Mapping):
+            raise InvalidArgument(f"{path} must be a dict with name, queue_name, data, opts, children; got {spec!r}")
+        unknown = set(spec) - _NODE_KEYS
+        if unknown:
+            raise InvalidArgument(f"{path} has unknown keys {sorted(unknown)}; allowed: {sorted(_NODE_KEYS)}")
+        if "queue_name" in spec and "queueName" in spec and spec["queue_name"] != spec["queueName"]:
+            raise InvalidArgument(f"{path} has both queue_name={spec['queue_name']!r} and "
+                                  f"queueName={spec['queueName']!r}: give one")
+        try:
+            queue_name = check_queue_name(spec.get("queue_name", spec.get("queueName")))
+            if "name" not in spec:
+                raise InvalidArgument("it has no 'name'")
+            children = spec.get("children") or []
+            if isinstance(children, (str, bytes, Mapping)) or not isinstance(children, Sequence):
+                raise InvalidArgument(f"children={children!r} must be a list of flows")
+            queue = self.queue(queue_name, spec.get("prefix") or None)
+            raw_opts = spec.get("opts") or {}
+            if not isinstance(raw_opts, Mapping):
+                raise InvalidJobOptions(f"opts={raw_opts!r} must be a dict")
+            grouped = [key for key in _GROUP_KEYS if key in raw_opts]
+            if grouped:
+                raise InvalidJobOptions(f"option {grouped[0]!r}: group jobs cannot be part of a flow")
+            opts = merge_defaults(defaults.get(queue_name), normalize_job_options(raw_opts))
+            # A child's parent is the node above it; a root keeps the parent its opts name (if any).
+            if parent_opts is not None:
+                opts["parent"] = parent_opts
+            parent = opts.get("parent")
+            if opts.get("deduplication"):
+                if children:
+                    raise InvalidJobOptions("deduplication cannot be used on flow nodes with children")
+                if parent:
+                    raise InvalidJobOptions("options deduplication and parent cannot be used together")
+            job_id = opts.get("jobId") or str(uuid.uuid4())
+            parent_key = link = None
+            if parent:
+                parent_key = f"{parent['queue']}:{parent['id']}"
+                link = {"id": parent["id"], "queueKey": parent["queue"]}
+                for flag, short in _POLICY_FLAGS:
+                    if opts.get(flag):
+                        link[short] = True
+            prepared = prepare_add(
+                queue.keys, spec["name"], spec.get("data"), opts, job_id=job_id, parent_key=parent_key,
+                parent_dependencies_key=f"{parent_key}:dependencies" if parent_key else None, parent=link,
+                add_to_waiting_children=bool(children), defer_parent_release=True)
+        except InvalidArgument as err:
+            label = f"{path} ({spec.get('name')!r} in queue {spec.get('queue_name', spec.get('queueName'))!r})"
+            raise type(err)(f"{label}: {err}") from None
+        job = queue._job_from(prepared, job_id)
+        job.parent = link
+        return _Entry(prepared, JobNode(job), parent_key), list(children)
+
+    # -- reading --------------------------------------------------------------------------------
+    async def get_flow(self, opts: Optional[Mapping[str, Any]] = None, **kwargs: Any) -> Optional[JobNode]:
+        """The tree below a job: ``get_flow({"id": ..., "queue_name": ...})`` (also keywords), with
+        ``depth`` (levels, default 10), ``max_children`` (per parent and state, default 20) and
+        ``prefix``. None when the job does not exist; children that no longer exist are left out."""
+        given = {**(opts or {}), **kwargs}
+        unknown = set(given) - {"id", "queue_name", "queueName", "depth", "max_children", "maxChildren", "prefix"}
+        if unknown:
+            raise InvalidArgument(f"get_flow got unknown options {sorted(unknown)}")
+        job_id = given.get("id")
+        if not isinstance(job_id, str) or not job_id:
+            raise InvalidArgument(f"get_flow needs the job's id (a str), got {job_id!r}")
+        queue_name = check_queue_name(given.get("queue_name", given.get("queueName")))
+        depth = given.get("depth", 10)
+        max_children = given.get("max_children", given.get("maxChildren", 20))
+        for label, value in (("depth", depth), ("max_children", max_children)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidArgument(f"get_flow {label}={value!r} must be an int >= 1")
+        if self.closing:
+            raise BullMQCompatError("this FlowProducer is closed")
+        await self.wait_until_ready()
+        return await self._get_node(given.get("prefix") or self.prefix, queue_name, job_id, depth, max_children)
+
+    async def _get_node(self, prefix: str, queue_name: str, job_id: str, depth: int,
+                        max_children: int) -> Optional[JobNode]:
+        job = await self.queue(queue_name, prefix).get_job(job_id)
+        if job is None:
+            return None
+        page = {"cursor": 0, "count": max_children}
+        deps = await job.get_dependencies(processed=page, unprocessed=page, failed=page, ignored=page)
+        keys = [*deps["processed"], *deps["unprocessed"], *deps["failed"], *deps["ignored"]]
+        if not keys or depth <= 1:
+            return JobNode(job)
+        children = await asyncio.gather(*(
+            self._get_node(*parse_node_key(key), depth - 1, max_children) for key in keys))
+        return JobNode(job, [child for child in children if child is not None])
+
+    def __repr__(self) -> str:
+        return f"<FlowProducer prefix={self.prefix!r} {self._redis.description}>"

@@ -1,0 +1,90 @@
+"""Helpers shared by the flow tests: the Python twin of interop/flow.js's processor, running
+workers until a condition holds, and driving interop/flow.js."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from typing import Any, AsyncIterator, Callable, Mapping
+
+from bullmq_compat import Job, Worker
+from tests.node import INTEROP, NodeProcess
+
+FLOW_JS = INTEROP / "flow.js"
+FINISHED = ("completed", "failed")
+
+
+async def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    """Poll ``predicate`` (sync or async) until it returns something truthy."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def process(job: Job) -> Any:
+    """The twin of flow.js's processJob: behaviour from job.data["behave"]."""
+    behave = (job.data.get("behave") if isinstance(job.data, dict) else None) or {}
+    if behave.get("sleepMs"):
+        await asyncio.sleep(behave["sleepMs"] / 1000)
+    if "fail" in behave:
+        raise RuntimeError(behave["fail"])
+    if behave.get("children"):
+        return {
+            "children": await job.get_children_values(),
+            "ignored": await job.get_ignored_children_failures(),
+            "counts": await job.get_dependencies_count(),
+        }
+    if "return" in behave:
+        return behave["return"]
+    return {"py": job.data}
+
+
+@contextlib.asynccontextmanager
+async def workers(redis_url: str, queues: Mapping[str, Any] | list[str]) -> AsyncIterator[list[Worker]]:
+    """Python workers (concurrency 1) on ``queues`` (a list: all use `process`; or name -> processor)."""
+    if not isinstance(queues, Mapping):
+        queues = {name: process for name in queues}
+    running = [Worker(name, fn, connection=redis_url, drain_delay=0.5) for name, fn in queues.items()]
+    tasks = [asyncio.ensure_future(w.run(handle_signals=False)) for w in running]
+    try:
+        yield running
+    finally:
+        for worker in running:
+            await worker.close()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def flow_js(op: str, **args: Any) -> Any:
+    """Run ``node interop/flow.js <op> <json(args)>`` and return its JSON result."""
+    async with NodeProcess(FLOW_JS, op, json.dumps(args), wait_for_line=False,
+                           result_timeout=float(args.get("timeoutMs", 20000)) / 1000 + 30) as proc:
+        return await proc.result()
+
+
+def flow_work(**args: Any) -> NodeProcess:
+    """A Node worker of flow.js in the background; entering the block waits until it consumes."""
+    return NodeProcess(FLOW_JS, "work", json.dumps({**args, "ready": True}),
+                       result_timeout=float(args.get("timeoutMs", 20000)) / 1000 + 30)
+
+
+def policy_flow(parent_queue: str, child_queue: str, policy: str | None) -> dict[str, Any]:
+    """A parent whose children are one that succeeds, then one that fails under ``policy`` (a Node
+    option name, or None for no policy)."""
+    return {
+        "name": "parent", "queueName": parent_queue, "data": {"behave": {"children": True}},
+        "opts": {"jobId": "parent"},
+        "children": [
+            {"name": "ok", "queueName": child_queue, "data": {"behave": {"return": {"v": 1}}},
+             "opts": {"jobId": "ok"}},
+            {"name": "bad", "queueName": child_queue, "data": {"behave": {"fail": "boom"}},
+             "opts": {"jobId": "bad", **({policy: True} if policy else {})}},
+        ],
+    }
