@@ -1,0 +1,507 @@
+"""Benchmark: bullmq-compat against Node BullMQ 6.7.0 and the official PyPI ``bullmq`` port.
+
+    .venv/bin/python scripts/bench.py [--quick] [--json out.json] [--rounds N] [--jobs N]
+                                      [--only node,official,compat] [--measurements add,process-c1,...]
+
+One invocation starts its own redis-server on a free loopback port, flushes it (and only it)
+before every run, and runs each measurement for each implementation in a fresh process:
+
+  node      node interop/bench.js '<json>'
+  official  bench-results/.venv-official/bin/python scripts/bench_official.py '<json>'
+            (the venv is created and ``bullmq==<latest>`` installed into it by this script;
+            skipped with a note if that fails)
+  compat    .venv/bin/python scripts/bench_compat.py '<json>'
+
+All three do identical work: jobs {name: "bench", data: {"i": i}} with no options, no-op
+processors, one process per run, no warm-up for anyone. Rounds interleave the implementations
+(the order rotates every round), so drift of the machine hits all of them alike.
+
+Measurements (job counts for the default run; --quick: fewer jobs and 1 round):
+  add            10,000 jobs added one at a time (sequential awaits)
+  add-bulk       20,000 jobs added in batches of 1,000
+  process-cN     20,000 jobs pre-loaded (bulk add, untimed), then a worker at concurrency N,
+  process-cN-roc timed from worker start to the last 'completed' event; -roc: with
+                 remove-on-complete (N = 1, 10, 100)
+  latency        idle worker; 200 jobs added one at a time, 20 ms apart; latency = handler start
+                 time minus job.timestamp, p50/p99 (nearest rank) per round
+
+For each run the runner reports wall time and its own CPU (user+sys) over the timed section only,
+and the raw Redis INFO texts around it (CONFIG RESETSTAT right before). From them:
+  client CPU us/job  runner process CPU / jobs
+  Redis cmd us/job   INFO commandstats: sum of usec of the commands the clients sent / jobs.
+                     Redis counts a command run inside a Lua script (or queued in MULTI/EXEC) on
+                     its own line *and* inside its caller's usec, so only the outermost commands
+                     are summed: script calls (EVALSHA...), blocking pops, connection/transaction
+                     commands. Data commands (HSET, ZADD...) are counted as nested: inside the timed
+                     sections every client issues them from scripts only (checked with MONITOR).
+                     The nested sum is kept in the JSON as redisNestedUsec.
+  Redis CPU us/job   INFO cpu: redis-server's used_cpu_user+used_cpu_sys delta / jobs (all the
+                     work of the server, parsing and networking included).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from tests._redis_server import RedisServer  # noqa: E402
+
+OFFICIAL_VENV = os.path.join(ROOT, "bench-results", ".venv-official")
+IMPLS = ("node", "official", "compat")
+RUN_TIMEOUT = 1800
+
+# commands that run at top level only (or that BullMQ clients only send at top level):
+# their usec is the server time of the request; every other command line is nested work
+SCRIPT_CALLS = {"eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro"}
+TOP_LEVEL = SCRIPT_CALLS | {
+    "multi", "discard", "watch", "unwatch", "hello", "ping", "select", "auth", "quit", "reset", "echo",
+    "bzpopmin", "bzpopmax", "bzmpop", "blpop", "brpop", "brpoplpush", "blmove", "blmpop", "xread",
+}
+TOP_LEVEL_PREFIXES = ("client|", "script|", "function|", "command|", "cluster|", "memory|")
+# the harness's own INFO and CONFIG RESETSTAT
+IGNORED = {"info", "config|resetstat"}
+
+
+@dataclass
+class Measurement:
+    key: str
+    title: str
+    op: str
+    jobs: int
+    concurrency: int = 1
+    remove_on_complete: bool = False
+    batch: int = 1000
+    interval: int = 20
+
+    @property
+    def is_latency(self) -> bool:
+        return self.op == "latency"
+
+
+@dataclass
+class Impl:
+    key: str
+    label: str
+    argv: list[str]
+    version: str = ""
+
+
+@dataclass
+class Cell:
+    """All rounds of one measurement for one implementation."""
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+# -- machine -------------------------------------------------------------------------------------
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def command_output(argv: list[str]) -> str:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def machine_info(redis_version: str) -> dict[str, Any]:
+    node = shutil.which("node")
+    return {
+        "cores": os.cpu_count(),
+        "cpu_model": cpu_model(),
+        "platform": platform.platform(),
+        "redis_version": redis_version,
+        "python_version": platform.python_version(),
+        "node_version": command_output([node, "--version"]) if node else None,
+        "loadavg_at_start": list(os.getloadavg()),
+    }
+
+
+# -- implementations ----------------------------------------------------------------------------
+def node_impl() -> tuple[Optional[Impl], str]:
+    node = shutil.which("node")
+    if node is None:
+        return None, "node is not on PATH"
+    pkg = os.path.join(ROOT, "interop", "node_modules", "bullmq", "package.json")
+    try:
+        with open(pkg) as f:
+            version = json.load(f)["version"]
+    except (OSError, ValueError, KeyError):
+        return None, "interop/node_modules/bullmq is not installed (cd interop && npm ci)"
+    return Impl("node", f"node bullmq {version}", [node, os.path.join(ROOT, "interop", "bench.js")], version), ""
+
+
+def compat_impl() -> tuple[Optional[Impl], str]:
+    version = command_output([sys.executable, "-c", "import bullmq_compat; print(bullmq_compat.__version__)"])
+    if not version:
+        return None, "bullmq_compat is not importable from this interpreter"
+    return Impl("compat", f"bullmq-compat {version}", [sys.executable, os.path.join(ROOT, "scripts",
+                                                                                       "bench_compat.py")],
+                version), ""
+
+
+def _pip(python: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([python, "-m", "pip", "--disable-pip-version-check", *args],
+                          capture_output=True, text=True, timeout=600)
+
+
+def _installed_version(python: str) -> str:
+    return command_output([python, "-c", "import importlib.metadata as m; print(m.version('bullmq'))"])
+
+
+def official_impl() -> tuple[Optional[Impl], str]:
+    """The latest PyPI ``bullmq`` in a venv of its own (created and updated as needed)."""
+    python = os.path.join(OFFICIAL_VENV, "bin", "python")
+    try:
+        if not os.path.exists(python):
+            print(f"creating {os.path.relpath(OFFICIAL_VENV, ROOT)} for the official bullmq port ...", flush=True)
+            subprocess.run([sys.executable, "-m", "venv", OFFICIAL_VENV], check=True, capture_output=True,
+                           timeout=300)
+        latest = ""
+        listing = _pip(python, "index", "versions", "bullmq")
+        match = re.search(r"^bullmq \(([^)]+)\)", listing.stdout, re.M)
+        if match:
+            latest = match.group(1)
+        installed = _installed_version(python)
+        if not installed or (latest and installed != latest):
+            spec = f"bullmq=={latest}" if latest else "bullmq"
+            print(f"installing {spec} into {os.path.relpath(OFFICIAL_VENV, ROOT)} ...", flush=True)
+            done = _pip(python, "install", "-q", *([] if latest else ["--upgrade"]), spec)
+            if done.returncode != 0:
+                tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+                return None, "pip install bullmq failed: " + " / ".join(tail)
+            installed = _installed_version(python)
+        if not installed:
+            return None, "bullmq is not importable in the official venv"
+    except (OSError, subprocess.SubprocessError) as err:
+        return None, f"could not set up the official venv: {err}"
+    return Impl("official", f"bullmq (PyPI) {installed}",
+                [python, os.path.join(ROOT, "scripts", "bench_official.py")], installed), ""
+
+
+# -- Redis stats --------------------------------------------------------------------------------
+def parse_info(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and ":" in line:
+            key, _, value = line.partition(":")
+            out[key] = value
+    return out
+
+
+def parse_commandstats(text: str) -> dict[str, dict[str, float]]:
+    stats: dict[str, dict[str, float]] = {}
+    for key, value in parse_info(text).items():
+        if not key.startswith("cmdstat_"):
+            continue
+        fields = dict(part.split("=", 1) for part in value.split(",") if "=" in part)
+        stats[key[len("cmdstat_"):]] = {"calls": float(fields.get("calls", 0)), "usec": float(fields.get("usec", 0))}
+    return stats
+
+
+def is_top_level(command: str) -> bool:
+    return command in TOP_LEVEL or command.startswith(TOP_LEVEL_PREFIXES)
+
+
+def redis_figures(out: dict[str, Any]) -> dict[str, Any]:
+    stats = parse_commandstats(out.get("redisCommandstats", ""))
+    top = nested = 0.0
+    for command, row in stats.items():
+        if command in IGNORED:
+            continue
+        if is_top_level(command):
+            top += row["usec"]
+        else:
+            nested += row["usec"]
+    before, after = parse_info(out.get("redisCpuBefore", "")), parse_info(out.get("redisCpuAfter", ""))
+
+    def cpu(info: dict[str, str]) -> float:
+        return float(info.get("used_cpu_user", 0)) + float(info.get("used_cpu_sys", 0))
+
+    return {
+        "redisTopUsec": top,
+        "redisNestedUsec": nested,
+        "redisCpuUsec": (cpu(after) - cpu(before)) * 1e6,
+        "commandstats": {k: v for k, v in stats.items() if k not in IGNORED},
+    }
+
+
+# -- running ------------------------------------------------------------------------------------
+def flush(port: int) -> None:
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=port)
+    try:
+        client.flushall()
+    finally:
+        client.close()
+
+
+def percentile(values: list[float], pct: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * pct // 100))
+    return ordered[int(rank) - 1]
+
+
+def run_one(impl: Impl, m: Measurement, server: RedisServer) -> dict[str, Any]:
+    flush(server.port)
+    args = {"redis": server.url, "queue": f"bench-{m.key}-{uuid.uuid4().hex[:8]}", "op": m.op, "jobs": m.jobs,
+            "concurrency": m.concurrency, "removeOnComplete": m.remove_on_complete, "batch": m.batch,
+            "interval": m.interval}
+    proc = subprocess.run([*impl.argv, json.dumps(args)], capture_output=True, text=True, timeout=RUN_TIMEOUT,
+                          cwd=ROOT)
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    try:
+        out = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        raise RuntimeError(f"exit {proc.returncode}, no JSON; stderr: {proc.stderr.strip()[-2000:]}") from None
+    if "error" in out or proc.returncode != 0:
+        raise RuntimeError(f"exit {proc.returncode}: {out.get('error', '')} {proc.stderr.strip()[-2000:]}")
+    jobs = out["jobs"]
+    run = {"seconds": out["seconds"], "jobs": jobs, "cpuUserMs": out["cpuUserMs"], "cpuSysMs": out["cpuSysMs"]}
+    run["jobsPerSec"] = jobs / out["seconds"] if out["seconds"] > 0 else 0.0
+    run["clientCpuUsPerJob"] = (out["cpuUserMs"] + out["cpuSysMs"]) * 1000.0 / jobs
+    run.update(redis_figures(out))
+    run["redisCmdUsPerJob"] = run["redisTopUsec"] / jobs
+    run["redisCpuUsPerJob"] = run["redisCpuUsec"] / jobs
+    if m.is_latency:
+        lat = out.get("latenciesMs") or []
+        if len(lat) != jobs:
+            raise RuntimeError(f"{len(lat)} latencies for {jobs} jobs")
+        run["p50Ms"] = percentile(lat, 50)
+        run["p99Ms"] = percentile(lat, 99)
+        run["maxMs"] = max(lat)
+        run["latenciesMs"] = [round(x, 3) for x in lat]
+    if proc.stderr.strip():
+        run["stderr"] = proc.stderr.strip()[-2000:]
+    return run
+
+
+def measurements(args: argparse.Namespace) -> list[Measurement]:
+    if args.quick:
+        n_add, n_bulk, n_proc, n_lat = 1000, 2000, 2000, 50
+    else:
+        n_add, n_bulk, n_proc, n_lat = 10_000, 20_000, 20_000, 200
+    if args.jobs:
+        n_add = n_bulk = n_proc = args.jobs
+    if args.latency_jobs:
+        n_lat = args.latency_jobs
+    out = [
+        Measurement("add", f"add one at a time ({n_add:,} jobs, sequential awaits)", "add", n_add),
+        Measurement("add-bulk", f"add in bulk ({n_bulk:,} jobs, batches of {min(1000, n_bulk):,})", "addBulk",
+                    n_bulk, batch=min(1000, n_bulk)),
+    ]
+    for c in (1, 10, 100):
+        for roc in (False, True):
+            out.append(Measurement(
+                f"process-c{c}{'-roc' if roc else ''}",
+                f"process {n_proc:,} pre-loaded no-op jobs, concurrency {c}, "
+                f"{'removeOnComplete' if roc else 'jobs kept'}", "process", n_proc, concurrency=c,
+                remove_on_complete=roc, batch=min(1000, n_proc)))
+    out.append(Measurement("latency", f"latency add -> processing start, idle worker ({n_lat} jobs, 20 ms apart)",
+                           "latency", n_lat, interval=20))
+    if args.measurements:
+        wanted = [w.strip() for w in args.measurements.split(",") if w.strip()]
+        unknown = set(wanted) - {m.key for m in out}
+        if unknown:
+            raise SystemExit(f"unknown measurement(s) {sorted(unknown)}; known: {[m.key for m in out]}")
+        out = [m for m in out if m.key in wanted]
+    return out
+
+
+# -- reporting ----------------------------------------------------------------------------------
+def summarize(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def cell_summary(cell: Cell, m: Measurement) -> Optional[dict[str, Any]]:
+    if not cell.runs:
+        return None
+    keys = ["jobsPerSec", "seconds", "clientCpuUsPerJob", "redisCmdUsPerJob", "redisCpuUsPerJob"]
+    if m.is_latency:
+        keys += ["p50Ms", "p99Ms"]
+    return {k: summarize([r[k] for r in cell.runs]) for k in keys} | {"rounds": len(cell.runs)}
+
+
+def fmt_num(x: float) -> str:
+    if x >= 1000:
+        return f"{x:,.0f}"
+    if x >= 100:
+        return f"{x:.0f}"
+    if x >= 10:
+        return f"{x:.1f}"
+    return f"{x:.2f}"
+
+
+def fmt_range(s: dict[str, float]) -> str:
+    return f"{fmt_num(s['median'])} [{fmt_num(s['min'])}-{fmt_num(s['max'])}]"
+
+
+def render_table(m: Measurement, impls: list[Impl], summary: dict[str, Any], cells: dict[str, Cell]) -> str:
+    node = summary.get("node")
+    if m.is_latency:
+        header = ["implementation", "p50 ms median [min-max]", "p99 ms median [min-max]", "p50 vs Node",
+                  "client CPU us/job", "Redis cmd us/job", "Redis CPU us/job"]
+    else:
+        header = ["implementation", "jobs/s median [min-max]", "vs Node", "client CPU us/job",
+                  "Redis cmd us/job", "Redis CPU us/job"]
+    rows = []
+    for impl in impls:
+        s = summary.get(impl.key)
+        if s is None:
+            err = cells[impl.key].errors[-1].splitlines()[0][:80] if cells[impl.key].errors else "no runs"
+            rows.append([impl.label, f"FAILED: {err}"] + [""] * (len(header) - 2))
+            continue
+        cpu = fmt_num(s["clientCpuUsPerJob"]["median"])
+        rcmd = fmt_num(s["redisCmdUsPerJob"]["median"])
+        rcpu = fmt_num(s["redisCpuUsPerJob"]["median"])
+        if m.is_latency:
+            ratio = f"{s['p50Ms']['median'] / node['p50Ms']['median']:.2f}x" if node and node["p50Ms"]["median"] else "-"
+            rows.append([impl.label, fmt_range(s["p50Ms"]), fmt_range(s["p99Ms"]), ratio, cpu, rcmd, rcpu])
+        else:
+            ratio = (f"{s['jobsPerSec']['median'] / node['jobsPerSec']['median']:.2f}x"
+                     if node and node["jobsPerSec"]["median"] else "-")
+            rows.append([impl.label, fmt_range(s["jobsPerSec"]), ratio, cpu, rcmd, rcpu])
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = [f"== {m.title}"]
+    for i, r in enumerate([header, *rows]):
+        lines.append("  ".join(str(c).ljust(w) if j == 0 else str(c).rjust(w) for j, (c, w) in
+                               enumerate(zip(r, widths))).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    if m.is_latency:
+        lines.append("   (p50 vs Node: lower is better; per-job figures are over the whole timed section)")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer jobs and 1 round (smoke runs)")
+    parser.add_argument("--json", metavar="PATH", help="write machine, config, every run and the summary here")
+    parser.add_argument("--rounds", type=int, help="rounds per measurement (default 3; 1 with --quick)")
+    parser.add_argument("--jobs", type=int, help="job count of the add, bulk and process measurements")
+    parser.add_argument("--latency-jobs", type=int, help="job count of the latency measurement (default 200)")
+    parser.add_argument("--only", help="comma-separated implementations among node,official,compat")
+    parser.add_argument("--measurements", help="comma-separated measurement keys (default: all)")
+    args = parser.parse_args(argv)
+    rounds = args.rounds or (1 if args.quick else 3)
+    if rounds < 1:
+        parser.error("--rounds must be >= 1")
+    wanted = [w.strip() for w in (args.only or ",".join(IMPLS)).split(",") if w.strip()]
+    if set(wanted) - set(IMPLS):
+        parser.error(f"--only takes {','.join(IMPLS)}")
+    plan = measurements(args)
+
+    impls: list[Impl] = []
+    skipped: dict[str, str] = {}
+    for key, factory in (("node", node_impl), ("official", official_impl), ("compat", compat_impl)):
+        if key not in wanted:
+            continue
+        impl, why = factory()
+        if impl is None:
+            skipped[key] = why
+            print(f"NOTE: skipping {key}: {why}", flush=True)
+        else:
+            impls.append(impl)
+    if not impls:
+        print("nothing to run", file=sys.stderr)
+        return 2
+
+    server = RedisServer().start()
+    try:
+        import redis
+
+        client = redis.Redis(host="127.0.0.1", port=server.port)
+        redis_version = str(client.info("server").get("redis_version", "?"))
+        client.close()
+        machine = machine_info(redis_version)
+        print(f"machine: {machine['cores']} cores, {machine['cpu_model']}; Redis {redis_version} "
+              f"(own redis-server on 127.0.0.1:{server.port}); Python {machine['python_version']}; "
+              f"Node {machine['node_version']}", flush=True)
+        print("implementations: " + ", ".join(i.label for i in impls), flush=True)
+        print(f"{rounds} round(s); each run in a fresh process, Redis flushed before it; no warm-up", flush=True)
+
+        cells = {m.key: {i.key: Cell() for i in impls} for m in plan}
+        started = time.monotonic()
+        for r in range(rounds):
+            for m in plan:
+                order = impls[r % len(impls):] + impls[:r % len(impls)]
+                for impl in order:
+                    cell = cells[m.key][impl.key]
+                    try:
+                        run = run_one(impl, m, server)
+                    except (RuntimeError, subprocess.TimeoutExpired) as err:
+                        cell.errors.append(str(err))
+                        print(f"  round {r + 1} {m.key:<16} {impl.key:<8} FAILED: {str(err)[:300]}",
+                              file=sys.stderr, flush=True)
+                        continue
+                    run["round"] = r + 1
+                    cell.runs.append(run)
+                    extra = (f"p50 {run['p50Ms']:.2f} ms p99 {run['p99Ms']:.2f} ms" if m.is_latency
+                             else f"{run['jobsPerSec']:>10,.0f} jobs/s")
+                    print(f"  round {r + 1} {m.key:<16} {impl.key:<8} {extra}  "
+                          f"cpu {run['clientCpuUsPerJob']:.1f} us/job  redis {run['redisCmdUsPerJob']:.1f} us/job",
+                          flush=True)
+        elapsed = time.monotonic() - started
+        machine["loadavg_at_end"] = list(os.getloadavg())
+
+        summary = {m.key: {k: cell_summary(c, m) for k, c in cells[m.key].items()} for m in plan}
+        print()
+        print(f"Results: median [min-max] over {rounds} round(s); vs Node = median / Node's median "
+              f"(jobs/s: higher is better). {elapsed:.0f} s in all.")
+        print(f"machine: {machine['cores']} cores, {machine['cpu_model']}; Redis {redis_version}; "
+              f"Python {machine['python_version']}; Node {machine['node_version']}; load average "
+              f"{machine['loadavg_at_start'][0]:.2f} at start, {machine['loadavg_at_end'][0]:.2f} at end")
+        for note_key, why in skipped.items():
+            print(f"skipped {note_key}: {why}")
+        for m in plan:
+            print()
+            print(render_table(m, impls, summary[m.key], cells[m.key]))
+
+        failed = any(c.errors for per in cells.values() for c in per.values())
+        if args.json:
+            doc = {
+                "machine": machine,
+                "config": {"rounds": rounds, "quick": args.quick, "redis_port": server.port,
+                           "measurements": [m.__dict__ for m in plan]},
+                "implementations": {i.key: {"label": i.label, "version": i.version} for i in impls},
+                "skipped": skipped,
+                "summary": summary,
+                "runs": {m.key: {k: {"runs": c.runs, "errors": c.errors} for k, c in cells[m.key].items()}
+                         for m in plan},
+                "elapsed_seconds": elapsed,
+            }
+            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+            with open(args.json, "w") as f:
+                json.dump(doc, f, indent=1)
+            print(f"\nwrote {args.json}")
+        return 1 if failed else 0
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
