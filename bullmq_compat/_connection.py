@@ -5,6 +5,7 @@ from typing import Any, Mapping, Optional, Union
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bullmq_compat._errors import InvalidArgument, RedisUnavailable
@@ -49,7 +50,8 @@ class RedisHandle:
         """Fail early, naming the address, when Redis does not answer."""
         try:
             await self.client.ping()
-        except (RedisConnectionError, RedisTimeoutError, OSError) as err:
+        except (RedisConnectionError, RedisTimeoutError, OSError, RedisClusterException) as err:
+            # (a RedisCluster none of whose startup nodes answers raises RedisClusterException)
             raise RedisUnavailable(
                 f"cannot reach Redis at {self.description}: {err}. "
                 "Check the URL and that redis-server is running.") from None
@@ -60,7 +62,18 @@ class RedisHandle:
 
 
 def describe(client: Any) -> str:
+    if type(client).__name__ == "RedisCluster":
+        nodes = getattr(client, "startup_nodes", None) or []
+        return "Redis Cluster " + (",".join(getattr(n, "name", "?") for n in nodes) or "?")
     pool = getattr(client, "connection_pool", None)
+    service = getattr(pool, "service_name", None)
+    if service is not None:  # a Sentinel master_for()/slave_for() client
+        sentinels = getattr(getattr(pool, "sentinel_manager", None), "sentinels", None) or []
+        addresses = []
+        for sentinel in sentinels:
+            kw = getattr(getattr(sentinel, "connection_pool", None), "connection_kwargs", None) or {}
+            addresses.append(f"{kw.get('host', '?')}:{kw.get('port', '?')}")
+        return f"Sentinel service {service!r} via {','.join(addresses) or '?'}"
     kwargs: Optional[Mapping[str, Any]] = getattr(pool, "connection_kwargs", None)
     if kwargs:
         if "path" in kwargs:

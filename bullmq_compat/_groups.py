@@ -167,6 +167,12 @@ class GroupKeeper:
         trouble = False
         while not self.closing:
             try:
+                if last_id == "$":
+                    # read on from the stream's end as it is *before* the sweep: with "$", whatever
+                    # finished between the sweep and XREAD (or between two empty XREADs) would wait
+                    # for the next sweep
+                    newest = await self._blocking.xrevrange(queue.keys.events, count=1)
+                    last_id = codec.to_str(newest[0][0]) if newest else "0-0"
                 if time.monotonic() >= next_sweep:
                     await self.sweep()
                     next_sweep = time.monotonic() + self.sweep_interval

@@ -37,11 +37,13 @@ def check_queue_name(name: Any) -> str:
         raise InvalidQueueName(f"queue name {name!r} must be a non-empty str")
     if ":" in name:
         raise InvalidQueueName(f"queue name {name!r} cannot contain ':' (it separates key parts in Redis)")
+    if not codec.is_utf8(name):
+        raise InvalidQueueName(f"queue name {name!r} is not valid UTF-8 text (a lone surrogate)")
     return name
 
 
 def check_prefix(prefix: Any) -> str:
-    if not isinstance(prefix, str) or not prefix:
+    if not isinstance(prefix, str) or not prefix or not codec.is_utf8(prefix):
         raise InvalidArgument(f"prefix {prefix!r} must be a non-empty str such as 'bull' or '{{bull}}'")
     return prefix
 
@@ -178,19 +180,29 @@ class QueueBase(EventEmitter):
         """The workers (of any language) connected to this queue, from CLIENT LIST, as Node lists them."""
         await self.wait_until_ready()
         unnamed, named = self.client_name(), self.client_name(":w:")
-        listing = await self.client.execute_command("CLIENT", "LIST")
-        lines = codec.to_str(listing)
-        if isinstance(lines, list):
-            lines = "\n".join(lines)
-        workers = []
-        for line in str(lines).splitlines():
-            fields = dict(kv.split("=", 1) for kv in line.split(" ") if "=" in kv)
-            name = fields.get("name", "")
-            if name and (name == unnamed or name.startswith(named)):
-                fields["rawname"] = name
-                fields["name"] = self.name  # as Node's getWorkers: the queue name; rawname has the rest
-                workers.append(fields)
-        return workers
+        if self._redis.is_cluster:  # one listing per node; as Node, keep the node with the most workers
+            per_node = await self.client.execute_command("CLIENT LIST", target_nodes=self.client.ALL_NODES)
+            listings = list(per_node.values()) if isinstance(per_node, dict) else [per_node]
+        else:
+            listings = [await self.client.execute_command("CLIENT", "LIST")]
+        best: list[dict[str, str]] = []
+        for listing in listings:
+            lines = codec.to_str(listing)
+            if isinstance(lines, str):
+                lines = lines.splitlines()
+            workers = []
+            for line in lines or []:
+                # a raw line, or a dict when redis-py's cluster client parsed it
+                fields = dict(line) if isinstance(line, dict) else dict(
+                    kv.split("=", 1) for kv in str(line).split(" ") if "=" in kv)
+                name = fields.get("name", "")
+                if name and (name == unnamed or name.startswith(named)):
+                    fields["rawname"] = name
+                    fields["name"] = self.name  # as Node's getWorkers: the queue name; rawname has the rest
+                    workers.append(fields)
+            if len(workers) > len(best):
+                best = workers
+        return best
 
     async def get_job_state(self, job_id: str) -> str:
         await self.wait_until_ready()

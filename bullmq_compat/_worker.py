@@ -43,6 +43,7 @@ from bullmq_compat import _telemetry as telemetry_attrs
 from bullmq_compat._telemetry import resolve as resolve_telemetry
 from opentelemetry.trace import SpanKind
 from bullmq_compat._queue import QueueBase
+from bullmq_compat._scheduler import advance_for_worker
 from bullmq_compat._wire import codec
 from bullmq_compat._wire.channel import Channel, open_channel
 from bullmq_compat._wire.options import normalize_job_options
@@ -54,6 +55,17 @@ Processor = Union[Callable[..., Any], str]
 
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     OSError, ConnectionError, redis_exc.ConnectionError, redis_exc.TimeoutError, asyncio.TimeoutError)
+# Replies of a server that takes no writes for now (a failover, a resync, a cluster change): the
+# command did not run (a script stops at its first write), so it is safely sent again.
+TRANSIENT_REPLIES = frozenset({"READONLY", "NOREPLICAS", "MASTERDOWN", "LOADING", "TRYAGAIN", "CLUSTERDOWN"})
+
+
+def _transient(err: BaseException) -> bool:
+    """Connection trouble, or a reply of a server that cannot take writes for now."""
+    return isinstance(err, CONNECTION_ERRORS) or (
+        isinstance(err, redis_exc.ResponseError) and str(err).split(" ", 1)[0] in TRANSIENT_REPLIES)
+
+
 RATE_LIMIT_MESSAGE = "bullmq:rateLimitExceeded"
 MAX_BLOCK_SECONDS = 10.0
 MIN_BLOCK_SECONDS = 0.001
@@ -186,6 +198,7 @@ class Worker(QueueBase):
         self._drain_reported = False  # 'drained' once per empty spell, as Node (not per block timeout)
         self._limit_until = 0
         self._block_until = 0
+        self._waiting_until = 0  # when the marker waiter's current BZPOPMIN times out (ms); 0: not blocked
         self._paused = False
         self._running = False
         self._closed = asyncio.Event()
@@ -368,6 +381,16 @@ class Worker(QueueBase):
     def _update_delays(self, limit_delay: int, delay_until: int) -> None:
         self._limit_until = _now_ms() + limit_delay if limit_delay > 0 else 0
         self._block_until = max(delay_until, 0)
+        if 0 < delay_until < self._waiting_until:
+            # a slot learnt of a delayed job due before the marker waiter's BZPOPMIN ends: wake it
+            # with that job's delay marker (as upstream adds them), else the job waits for drain_delay
+            asyncio.ensure_future(self._poke_marker(delay_until))
+
+    async def _poke_marker(self, delay_until: int) -> None:
+        try:
+            await self.client.zadd(self.keys.marker, {"1": delay_until})
+        except Exception:  # the waiter's own timeout still comes
+            pass
 
     def _job_from_reply(self, reply: Any, token: str) -> Optional[Job]:
         raw, job_id, limit_delay, delay_until = parse_next_job(reply)
@@ -430,7 +453,9 @@ class Worker(QueueBase):
         token = self._next_token()
         try:
             reply = await self._channel.call(self._calls.move_to_active(token, _now_ms()))  # type: ignore[union-attr]
-        except CONNECTION_ERRORS as err:
+        except Exception as err:
+            if not _transient(err):
+                raise
             await self._sleep(self._connection_trouble(err))
             return None
         self._connection_ok()
@@ -447,13 +472,16 @@ class Worker(QueueBase):
                 continue
             timeout = self._block_timeout()
             if timeout > 0:
+                self._waiting_until = _now_ms() + int(timeout * 1000)
                 try:
                     marker = await channel.wait_marker(self.keys.marker, timeout)
-                except CONNECTION_ERRORS as err:
+                except Exception as err:  # e.g. NOREPLICAS in a failover: never let the waiter die
                     if self.closing:
                         return
                     await self._sleep(self._connection_trouble(err))
                     continue
+                finally:
+                    self._waiting_until = 0
                 self._connection_ok()
                 if marker is not None and marker[1] > _now_ms() + 1:
                     # a delayed job's marker: wait until it is due (or another marker)
@@ -523,6 +551,8 @@ class Worker(QueueBase):
 
     async def _process(self, job: Job) -> Optional[Job]:
         """Run the processor on ``job`` and finish it; returns the next job when fetched with it."""
+        if job.repeat_job_key is not None:  # a job scheduler's job: make its next one, as Node
+            await advance_for_worker(self, job)
         if self.telemetry is not None:
             return await self._process_traced(job)
         return await self._process_plain(job)
@@ -573,8 +603,8 @@ class Worker(QueueBase):
                 reply = await channel.call(call)
                 self._connection_ok()
                 return reply
-            except CONNECTION_ERRORS as err:
-                if self._closed.is_set():
+            except Exception as err:
+                if self._closed.is_set() or not _transient(err):
                     raise
                 await asyncio.sleep(self._connection_trouble(err))
 
@@ -586,8 +616,8 @@ class Worker(QueueBase):
                 replies = await channel.call_many(calls)
                 self._connection_ok()
                 return replies
-            except CONNECTION_ERRORS as err:
-                if self._closed.is_set():
+            except Exception as err:
+                if self._closed.is_set() or not _transient(err):
                     raise
                 await asyncio.sleep(self._connection_trouble(err))
 
@@ -674,6 +704,8 @@ class Worker(QueueBase):
         if job is None and block and not self.closing:
             await channel.wait_marker(self.keys.marker, self._block_timeout() or MIN_BLOCK_SECONDS)
             job = self._job_from_reply(await channel.call(self._calls.move_to_active(token, _now_ms())), token)
+        if job is not None and job.repeat_job_key is not None:
+            await advance_for_worker(self, job)
         return job
 
     async def start_stalled_check(self) -> list[str]:

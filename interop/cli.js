@@ -7,7 +7,7 @@
 // {"error": message, "name": err.name} and exits 1. Common fields: redis (URL), prefix
 // (default "bull"), queue, connectTimeoutMs (default 10000: fail rather than wait forever for
 // an unreachable Redis). Ops: add, addBulk, getJob, getJobs, getJobCounts, getState,
-// queueCall, work (see the handlers below).
+// queueCall, work, getJobsMany, groupAdd (see the handlers below).
 //
 // `work` with {"ready": true} additionally prints {"ready": true} as a first line once the
 // worker is connected, so a caller running it in the background knows when it is consuming.
@@ -146,6 +146,29 @@ const ops = {
     return plain(await queue[method](...args));
   },
   work,
+  // many jobs of many queues (same prefix) in one process: {items: [{queue, id}]} -> [jobJSON | null]
+  async getJobsMany({ items }, { connection, prefix }) {
+    const queues = new Map();
+    try {
+      const out = [];
+      for (const { queue: name, id } of items) {
+        if (!queues.has(name)) queues.set(name, new Queue(name, { connection, prefix, skipMetasUpdate: true }));
+        out.push(await jobJSON(await queues.get(name).getJob(id)));
+      }
+      return out;
+    } finally {
+      await Promise.all([...queues.values()].map((q) => q.close().catch(() => {})));
+    }
+  },
+  // bullmq-compat group jobs through interop/groups.js's GroupProducer, added one after another
+  // in the order given: {jobs: [{name, data, opts: {group, orderMs, ...}}]} -> {ids}
+  async groupAdd({ jobs }, { connection, prefix, queue }) {
+    const { GroupProducer } = require('./groups');
+    const producer = new GroupProducer(queue.name, { connection, prefix });
+    const ids = [];
+    for (const j of jobs) ids.push(await producer.add(j.name, j.data ?? {}, j.opts ?? {}));
+    return { ids };
+  },
 };
 
 /** Waits for Redis to answer; ioredis would otherwise retry (and we would hang) forever. */

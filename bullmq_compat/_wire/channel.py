@@ -19,16 +19,52 @@ from bullmq_compat._wire.worker_calls import Call
 
 def blocking_client(client: Any, name: Optional[str] = None) -> Any:
     """A redis-py client of one dedicated connection with no socket timeout, for blocking reads
-    (BZPOPMIN, XREAD BLOCK) that must not tie up or time out the shared client. Redis Cluster
-    clients route per key and are returned as they are."""
+    (BZPOPMIN, XREAD BLOCK) that must not tie up or time out the shared client. For a Redis
+    Cluster client, a twin cluster client (routing per key) without socket timeout."""
+    if type(client).__name__ == "RedisCluster":
+        return _cluster_twin(client, name)
     pool = getattr(client, "connection_pool", None)
     kwargs = dict(getattr(pool, "connection_kwargs", {}) or {})
-    if pool is None or type(client).__name__ == "RedisCluster" or not kwargs:
+    if pool is None or not kwargs:
         return client
     # redis-py 8 has a default socket timeout: a blocking wait needs none.
     kwargs.update(socket_timeout=None, client_name=name)
+    if getattr(pool, "service_name", None) is not None:  # Sentinel: a pool that follows the master too
+        kwargs.pop("connection_pool", None)  # the new pool puts itself here
+        return aioredis.Redis(connection_pool=pool.__class__(
+            pool.service_name, pool.sentinel_manager, connection_class=pool.connection_class,
+            is_master=getattr(pool, "is_master", True), check_connection=getattr(pool, "check_connection", False),
+            max_connections=1, **kwargs))
     return aioredis.Redis(connection_pool=pool.__class__(
         connection_class=pool.connection_class, max_connections=1, **kwargs))
+
+
+_CLUSTER_TWIN_KWARGS = (
+    "username", "password", "credential_provider", "driver_info", "encoding", "encoding_errors",
+    "decode_responses", "health_check_interval", "socket_connect_timeout", "socket_keepalive",
+    "socket_keepalive_options", "socket_read_size", "protocol", "legacy_responses", "ssl_ca_certs",
+    "ssl_ca_data", "ssl_cert_reqs", "ssl_certfile", "ssl_check_hostname", "ssl_keyfile", "ssl_min_version",
+    "ssl_ciphers")
+
+
+def _cluster_twin(client: Any, name: Optional[str]) -> Any:
+    """A RedisCluster like ``client`` (same nodes, credentials, TLS, decoding) but with no socket
+    timeout: on the shared client a blocking read outlasting redis-py's default 5 s timeout
+    would be retried and would reset the cluster's topology each time."""
+    from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+    given = dict(getattr(client, "connection_kwargs", None) or {})
+    kwargs = {key: given[key] for key in _CLUSTER_TWIN_KWARGS if key in given}
+    connection_class = given.get("connection_class")
+    if connection_class is not None and "SSL" in connection_class.__name__:
+        kwargs["ssl"] = True
+    nodes = [ClusterNode(node.host, node.port) for node in (client.get_nodes() or client.startup_nodes)]
+    try:
+        # one connection per node: the blocking read reuses the one that loaded the topology, so the
+        # worker is listed once per node in CLIENT LIST (get_workers), as a Node worker is
+        return RedisCluster(startup_nodes=nodes, socket_timeout=None, client_name=name, max_connections=1, **kwargs)
+    except TypeError:  # a redis-py without one of these settings: share the client, as before
+        return client
 
 
 class Channel:

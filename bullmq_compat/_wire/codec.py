@@ -15,11 +15,24 @@ _json_decoder = json.JSONDecoder()
 def dumps(value: Any, *, what: str = "data") -> str:
     """JSON text as JavaScript's JSON.stringify writes it (compact, UTF-8, no NaN)."""
     try:
-        return _json_encoder.encode(value)
-    except (TypeError, ValueError) as err:
+        text = _json_encoder.encode(value)
+    except (TypeError, ValueError, RecursionError) as err:
         raise InvalidJobData(
             f"job {what} {_short(value)} is not JSON-serialisable ({err}); "
             "pass dicts, lists, str, int, float, bool or None") from None
+    if not is_utf8(text):
+        raise InvalidJobData(f"job {what} {_short(value)} holds a str that is not valid UTF-8 text "
+                             "(a lone surrogate such as '\\ud800'): Redis stores UTF-8")
+    return text
+
+
+def is_utf8(text: str) -> bool:
+    """False for a str Redis cannot be sent (lone surrogates, e.g. from undecodable file names)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def loads(text: str) -> Any:

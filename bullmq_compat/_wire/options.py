@@ -11,22 +11,36 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
 from bullmq_compat._errors import InvalidJobId, InvalidJobOptions
+from bullmq_compat._wire import codec
 
 PRIORITY_LIMIT = 2**21 - 1  # upstream's Job PRIORITY_LIMIT
+MAX_SAFE_INTEGER = 2**53 - 1  # JavaScript's Number.MAX_SAFE_INTEGER: Node and Lua read numbers as doubles
 
 
 def _number(name: str, value: Any, *, minimum: float = 0, integer: bool = False) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (
             isinstance(value, float) and not math.isfinite(value)):
         raise InvalidJobOptions(f"option {name}={value!r} must be a finite number")
+    if value < minimum:
+        raise InvalidJobOptions(f"option {name}={value!r} must be >= {minimum}")
+    if value > MAX_SAFE_INTEGER:
+        raise InvalidJobOptions(f"option {name}={value!r} must be at most {MAX_SAFE_INTEGER} "
+                                "(Number.MAX_SAFE_INTEGER: Node and the Lua scripts read it as a double)")
     if integer and isinstance(value, float):
         if not value.is_integer():
             raise InvalidJobOptions(f"option {name}={value!r} must be an integer")
         value = int(value)
-    if value < minimum:
-        raise InvalidJobOptions(f"option {name}={value!r} must be >= {minimum}")
     if isinstance(value, float) and value.is_integer():
         value = int(value)
+    return value
+
+
+def _storable(name: str, value: Any) -> Any:
+    """Refuse what cannot be packed for the scripts: lone surrogates, sets, ints beyond 64 bits."""
+    try:
+        codec.pack(value)
+    except (TypeError, ValueError, OverflowError) as err:  # UnicodeEncodeError is a ValueError
+        raise InvalidJobOptions(f"option {name}={value!r} cannot be stored ({err})") from None
     return value
 
 
@@ -193,13 +207,13 @@ def normalize_job_options(opts: Mapping[str, Any], *, extra: Mapping[str, Callab
         if value is None:
             continue
         if name in extra:
-            out[name] = extra[name](name, value)
+            out[name] = _storable(name, extra[name](name, value))
             continue
         option = _BY_NAME.get(name)
         if option is None:
             allowed = ", ".join(o.python for o in JOB_OPTIONS)
             raise InvalidJobOptions(f"unknown job option {name!r}; known options: {allowed}")
-        out[option.node] = option.check(option.python, value)
+        out[option.node] = _storable(option.python, option.check(option.python, value))
     enabled = [name for name in _EXCLUSIVE if out.get(name)]
     if len(enabled) > 1:
         raise InvalidJobOptions(f"options {', '.join(enabled)} cannot be used together")

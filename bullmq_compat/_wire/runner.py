@@ -20,6 +20,7 @@ class ScriptRunner:
 
     def __init__(self, client: Any) -> None:
         self.client = client
+        self._loaded: set[str] = set()  # SHA1s seen loaded on the server (see call_many)
 
     @staticmethod
     def script(name: str) -> Script:
@@ -42,9 +43,18 @@ class ScriptRunner:
         """
         if not calls:
             return []
+        # Load missing scripts first: an EVAL re-sent after NOSCRIPT would run after the calls
+        # behind it in the pipeline, out of order (add_bulk's ids, a group release before its finish).
+        new = {script.sha: script for script, _, _ in calls if script.sha not in self._loaded}
+        if new:
+            for (sha, script), present in zip(new.items(), await self.client.script_exists(*new)):
+                if not present:
+                    await self.client.script_load(script.lua)
+            self._loaded.update(new)
         pipe = self.client.pipeline(transaction=False)
         for script, keys, args in calls:
-            pipe.evalsha(script.sha, len(keys), *_argv(keys, args))
+            # execute_command, not pipe.evalsha: a RedisCluster pipeline blocks its evalsha method
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *_argv(keys, args))
         results: list[Any] = list(await pipe.execute(raise_on_error=False))
         missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)
                    or (isinstance(r, ResponseError) and str(r).startswith("NOSCRIPT"))]
@@ -52,7 +62,7 @@ class ScriptRunner:
             pipe = self.client.pipeline(transaction=False)
             for i in missing:
                 script, keys, args = calls[i]
-                pipe.eval(script.lua, len(keys), *_argv(keys, args))
+                pipe.execute_command("EVAL", script.lua, len(keys), *_argv(keys, args))
             for i, result in zip(missing, await pipe.execute(raise_on_error=False)):
                 results[i] = result
         return results

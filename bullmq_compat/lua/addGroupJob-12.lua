@@ -50,12 +50,19 @@ elseif rcall("EXISTS", prefix .. jobId) == 1 then
 end
 local jobKey = prefix .. jobId
 
-storeJob(q.events, jobKey, jobId, args[3], ARGV[2], opts, timestamp, nil, nil, args[8])
-rcall("HSET", jobKey, "gid", gid)
+-- A custom id used before: the earlier job is gone (its hash is), but may still hold a slot of its
+-- group if nobody released it yet (a Node worker finished it with removeOnComplete, keeper down).
+-- Free that slot now: later, the id names this job, and the slot would never look finished.
+local staleGid = rcall("HGET", prefix .. "grp:jobs", jobId)
+if staleGid and rcall("SREM", prefix .. "grp:run:" .. staleGid, jobId) == 1 and staleGid ~= gid then
+  releaseHeldGroupJobs(prefix, staleGid, q, now, maxEvents)
+end
 
-local seq = rcall("INCR", prefix .. "grp:seq")
-rcall("ZADD", prefix .. "grp:held:" .. gid, tonumber(ARGV[5]),
-  string.format("%0" .. GROUP_SEQ_DIGITS .. "d", seq) .. jobId)
+storeJob(q.events, jobKey, jobId, args[3], ARGV[2], opts, timestamp, nil, nil, args[8])
+local seq = string.format("%0" .. GROUP_SEQ_DIGITS .. "d", rcall("INCR", prefix .. "grp:seq"))
+rcall("HSET", jobKey, "gid", gid, "gseq", seq)
+
+rcall("ZADD", prefix .. "grp:held:" .. gid, tonumber(ARGV[5]), seq .. jobId)
 rcall("HSET", prefix .. "grp:jobs", jobId, gid)
 rcall("SADD", prefix .. "grp:index", gid)
 rcall("ZADD", q.waitingChildren, timestamp, jobId)

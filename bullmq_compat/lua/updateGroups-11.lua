@@ -75,8 +75,11 @@ elseif op == "delete" then
   local removed = 0
   for _, member in ipairs(rcall("ZRANGE", heldKey, 0, -1)) do
     local jobId = string.sub(member, GROUP_SEQ_DIGITS + 1)
-    rcall("HDEL", prefix .. "grp:jobs", jobId)
-    if rcall("ZREM", q.waitingChildren, jobId) == 1 then
+    local own, ownerGid = isHeldMember(prefix, gid, jobId, member)
+    if own or not ownerGid then -- else: a removed job's id, reused by a newer job: not ours
+      rcall("HDEL", prefix .. "grp:jobs", jobId)
+    end
+    if own and rcall("ZREM", q.waitingChildren, jobId) == 1 then
       removeJob(jobId, true, prefix, true)
       rcall("XADD", q.events, "MAXLEN", "~", maxEvents, "*", "event", "removed", "jobId", jobId,
         "prev", "waiting-children")

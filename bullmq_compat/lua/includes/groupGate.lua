@@ -10,6 +10,9 @@
     <prefix>grp:paused       set of paused groups
     <prefix>grp:jobs         hash jobId -> gid, for jobs held or released
     <prefix>grp:seq          add-sequence counter
+
+  A group job's hash also has "gid" and "gseq" (its 15-digit add sequence), so an entry left
+  behind by a removed job is never taken for a later job that reuses its custom id.
 ]]
 
 --- @include "<upstream>/includes/addDelayedJob"
@@ -48,6 +51,14 @@ local function enqueueReleasedJob(prefix, jobId, q, now, maxEvents, pausedOrMaxe
   return pausedOrMaxed
 end
 
+-- Is the held-zset member `member` of group `gid` still the job its id names? A custom id may
+-- have been reused (by this or another group) after the held job was removed.
+local function isHeldMember(prefix, gid, jobId, member)
+  local fields = rcall("HMGET", prefix .. jobId, "gid", "gseq")
+  return fields[1] == gid and (not fields[2] or fields[2] == string.sub(member, 1, GROUP_SEQ_DIGITS)),
+    fields[1]
+end
+
 -- Release held jobs of a group while it has free slots; returns how many were released.
 local function releaseHeldGroupJobs(prefix, gid, q, now, maxEvents)
   local heldKey = prefix .. "grp:held:" .. gid
@@ -63,12 +74,14 @@ local function releaseHeldGroupJobs(prefix, gid, q, now, maxEvents)
       end
       rcall("ZREM", heldKey, first)
       local jobId = string.sub(first, GROUP_SEQ_DIGITS + 1)
-      -- a held job removed meanwhile (Bull-Board, Node job.remove()) has left waiting-children
-      if rcall("ZREM", q.waitingChildren, jobId) == 1 and rcall("EXISTS", prefix .. jobId) == 1 then
+      -- a held job removed meanwhile (Bull-Board, Node job.remove()) has left waiting-children;
+      -- its id may even name a newer job by now, whose bookkeeping is left alone
+      local own, ownerGid = isHeldMember(prefix, gid, jobId, first)
+      if own and rcall("ZREM", q.waitingChildren, jobId) == 1 then
         pausedOrMaxed = enqueueReleasedJob(prefix, jobId, q, now, maxEvents, pausedOrMaxed)
         rcall("SADD", runKey, jobId)
         released = released + 1
-      else
+      elseif own or not ownerGid then
         rcall("HDEL", prefix .. "grp:jobs", jobId)
       end
     end
@@ -85,7 +98,8 @@ local function freeGroupSlot(prefix, gid, jobId, q)
   if rcall("SISMEMBER", runKey, jobId) == 0 then
     return false
   end
-  local finished = rcall("EXISTS", prefix .. jobId) == 0
+  -- gone, or its id reused by a job that is not this group's
+  local finished = rcall("HGET", prefix .. jobId, "gid") ~= gid
     or rcall("ZSCORE", q.completed, jobId)
     or rcall("ZSCORE", q.failed, jobId)
   if not finished then
