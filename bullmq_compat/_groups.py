@@ -110,24 +110,26 @@ class GroupKeeper:
     FINISH_EVENTS = frozenset({"completed", "failed", "removed"})
 
     def __init__(self, queue_name: str, connection: "Connection" = None, *, prefix: str = "bull",
-                 sweep_interval: float = 5.0, block_ms: int = 5000) -> None:
+                 sweep_interval: float = 5.0, block_ms: int = 5000, follow_stream: bool = True) -> None:
         from bullmq_compat._queue import QueueBase
 
         self._queue = QueueBase(queue_name, connection, prefix=prefix)
         self.sweep_interval = sweep_interval
         self.block_ms = block_ms
+        self.follow_stream = follow_stream
         self.closing = False
         self._blocking: Any = None
         self._task: Optional[asyncio.Task[None]] = None
         self.released = 0
 
     @classmethod
-    def for_queue(cls, queue: Any, *, sweep_interval: float = 5.0) -> "GroupKeeper":
+    def for_queue(cls, queue: Any, *, sweep_interval: float = 5.0, follow_stream: bool = True) -> "GroupKeeper":
         """A keeper sharing an existing queue's (or worker's) connection."""
         keeper = cls.__new__(cls)
         keeper._queue = queue
         keeper.sweep_interval = sweep_interval
         keeper.block_ms = 5000
+        keeper.follow_stream = follow_stream
         keeper.closing = False
         keeper._blocking = None
         keeper._task = None
@@ -150,18 +152,31 @@ class GroupKeeper:
 
     async def release(self, job_ids: Sequence[str]) -> int:
         queue = self._queue
+        # most finished jobs are not group jobs: one HMGET keeps them from costing a script call each
+        gids = await queue.client.hmget(queue.keys.prefix_key + "grp:jobs", list(job_ids))
+        job_ids = [job_id for job_id, gid in zip(job_ids, gids) if gid]
+        if not job_ids:
+            return 0
         results = await queue.runner.call_many([release_call(queue.keys, job_id) for job_id in job_ids])
         released = sum(int(r) for r in results if isinstance(r, int))
         self.released += released
         return released
 
     async def run(self) -> None:
-        """Follow the events stream (XREAD BLOCK) and sweep every ``sweep_interval`` seconds."""
+        """Follow the events stream (XREAD BLOCK) and sweep every ``sweep_interval`` seconds.
+
+        The stream is read only while the queue has groups, so a keeper costs nothing on queues
+        without group jobs; with ``follow_stream=False`` it only sweeps.
+        """
         from bullmq_compat._wire.channel import blocking_client
 
         queue = self._queue
         await queue.wait_until_ready()
+        if not self.follow_stream:
+            await self._sweep_only()
+            return
         self._blocking = blocking_client(queue.client)
+        index_key = queue.keys.prefix_key + "grp:index"
         last_id = "$"
         next_sweep = 0.0
         trouble = False
@@ -176,6 +191,12 @@ class GroupKeeper:
                 if time.monotonic() >= next_sweep:
                     await self.sweep()
                     next_sweep = time.monotonic() + self.sweep_interval
+                if not await queue.client.exists(index_key):
+                    # no groups: nothing to release; note where the stream ends and look again soon
+                    newest = await self._blocking.xrevrange(queue.keys.events, count=1)
+                    last_id = codec.to_str(newest[0][0]) if newest else "0-0"
+                    await asyncio.sleep(min(0.5, max(0.0, next_sweep - time.monotonic())) or 0.05)
+                    continue
                 block = max(1, min(self.block_ms, int((next_sweep - time.monotonic()) * 1000)))
                 reply = await self._blocking.xread({queue.keys.events: last_id}, count=1000, block=block)
                 trouble = False
@@ -196,6 +217,20 @@ class GroupKeeper:
                         finished.append(fields["jobId"])
             if finished:
                 await self.release(finished)
+
+    async def _sweep_only(self) -> None:
+        trouble = False
+        while not self.closing:
+            try:
+                await self.sweep()
+                trouble = False
+            except (redis_exc.ConnectionError, redis_exc.TimeoutError, OSError, ConnectionError) as err:
+                if self.closing:
+                    break
+                if not trouble:
+                    logger.warning("group keeper for %s lost Redis (%s); retrying", self._queue.name, err)
+                    trouble = True
+            await asyncio.sleep(self.sweep_interval)
 
     async def close(self) -> None:
         self.closing = True

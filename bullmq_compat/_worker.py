@@ -130,7 +130,7 @@ class Worker(QueueBase):
                  max_started_attempts: Optional[int] = None, skip_stalled_check: bool = False,
                  skip_lock_renewal: bool = False, run_retry_delay: int = 15000, use_processes: bool = False,
                  process_pool_size: Optional[int] = None, shutdown_timeout: float = 30.0,
-                 fast_path: bool = True, group_keeper: bool = True, group_sweep_interval: float = 5.0,
+                 fast_path: bool = True, group_keeper: Union[bool, str] = True, group_sweep_interval: float = 1.0,
                  telemetry: Any = None) -> None:
         super().__init__(queue_name, connection, prefix=prefix)
         self.id = str(uuid.uuid4())
@@ -165,8 +165,13 @@ class Worker(QueueBase):
         self.fast_path = fast_path
         self.telemetry = resolve_telemetry(telemetry)
         # releases groups whose jobs Node workers finished (see _groups.py); ours release directly
+        # group_keeper=True sweeps the queue's groups every group_sweep_interval; "stream" also follows
+        # the events stream (releases within milliseconds, at some CPU per job); False: none
+        if group_keeper not in (True, False, "stream", "sweep"):
+            raise InvalidArgument(f"group_keeper={group_keeper!r} must be True, False, 'sweep' or 'stream'")
         self._keeper: Optional[GroupKeeper] = (
-            GroupKeeper.for_queue(self, sweep_interval=group_sweep_interval) if group_keeper else None)
+            GroupKeeper.for_queue(self, sweep_interval=group_sweep_interval, follow_stream=group_keeper == "stream")
+            if group_keeper else None)
         self.use_processes = use_processes
         self._process_pool_size = process_pool_size or self.concurrency
         self._processor_path: Optional[str] = None
