@@ -59,10 +59,13 @@ def run(coro: Any, timeout: Optional[float] = None) -> Any:
 
 def _wrap(value: Any) -> Any:
     """Give results the blocking face too (a Job becomes a sync Job, lists are mapped)."""
+    from bullmq_compat._flow import JobNode
     from bullmq_compat._job import Job as AsyncJob
 
     if isinstance(value, AsyncJob):
         return Job._from_async(value)
+    if isinstance(value, JobNode):
+        return JobNode(job=_wrap(value.job), children=[_wrap(child) for child in value.children])
     if isinstance(value, list):
         return [_wrap(v) for v in value]
     return value

@@ -96,3 +96,14 @@ def test_calling_sync_from_its_own_loop_thread_is_refused(squeue):
 
     with pytest.raises(BullMQCompatError, match="own event loop"):
         asyncio.run_coroutine_threadsafe(on_the_sync_loop(), sync.loop()).result(5)
+
+
+def test_sync_flow_producer_returns_sync_jobs_in_its_nodes(redis_url, queue_name):
+    flow = sync.FlowProducer(connection=redis_url)
+    try:
+        node = flow.add({"name": "parent", "queue_name": queue_name, "data": {},
+                         "children": [{"name": "child", "queue_name": queue_name, "data": {"c": 1}}]})
+        assert isinstance(node.job, sync.Job) and node.job.get_state() == "waiting-children"
+        assert isinstance(node.children[0].job, sync.Job) and node.children[0].job.get_state() == "waiting"
+    finally:
+        flow.close()
