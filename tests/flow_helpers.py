@@ -10,23 +10,12 @@ from typing import Any, AsyncIterator, Callable, Mapping
 
 from bullmq_compat import Job, Worker
 from tests.node import INTEROP, NodeProcess
+from tests.helpers import wait_until
 
 FLOW_JS = INTEROP / "flow.js"
 FINISHED = ("completed", "failed")
 
 
-async def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    """Poll ``predicate`` (sync or async) until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def process(job: Job) -> Any:

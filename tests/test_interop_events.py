@@ -12,6 +12,7 @@ import pytest
 
 from bullmq_compat import Job, JobFailed, Queue, QueueEvents, QueueEventsProducer, Worker
 from tests.node import INTEROP, NodeProcess, node
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.node
 
@@ -19,17 +20,6 @@ EVENTS_JS = INTEROP / "events.js"
 FAST = {"drain_delay": 0.5}
 
 
-async def wait_until(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def node_events(op: str, **args: Any) -> NodeProcess:

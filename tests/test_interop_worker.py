@@ -12,21 +12,11 @@ import pytest
 
 from bullmq_compat import Job, Queue, UnrecoverableError, WaitingChildrenError, Worker
 from tests.node import NodeProcess, node
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.node
 
 
-async def wait_until(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 class Behave:

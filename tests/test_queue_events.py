@@ -25,39 +25,14 @@ from bullmq_compat import (
     Worker,
 )
 from tests._redis_server import RedisServer
+from tests.helpers import EventRecorder, wait_until
 
 FAST = {"drain_delay": 0.5}
 STREAM_ID = re.compile(r"^\d+-\d+$")
 
 
-async def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
-class Recorder:
-    """Every event of a QueueEvents as (name, listener args), by `on` listeners taking *args."""
-
-    def __init__(self, qe: QueueEvents, *names: str) -> None:
-        self.seen: list[tuple[str, tuple[Any, ...]]] = []
-        for name in names:
-            qe.on(name, self._listener(name))
-
-    def _listener(self, name: str) -> Callable[..., None]:
-        def record(*args: Any) -> None:
-            self.seen.append((name, args))
-        return record
-
-    def of(self, name: str) -> list[tuple[Any, ...]]:
-        return [args for seen, args in self.seen if seen == name]
+class Recorder(EventRecorder):
+    """Every event of a QueueEvents as (name, listener args)."""
 
     def fields(self, name: str) -> list[dict[str, Any]]:
         return [args[0] for args in self.of(name)]

@@ -14,6 +14,7 @@ import pytest
 from bullmq_compat import InvalidArgument, InvalidJobOptions, Job, Queue, Worker
 from bullmq_compat._cron import next_cron_millis, parse_cron
 from bullmq_compat._scheduler import advance_job_scheduler, is_legacy_repeat_key
+from tests.helpers import wait_until
 
 # a worker's timer precision, for "on time" (ms)
 ON_TIME_MS = 150
@@ -28,17 +29,6 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-async def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def scheduler_jobs(redis: Any, queue_name: str, scheduler_id: str) -> dict[str, dict[str, str]]:

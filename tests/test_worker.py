@@ -24,41 +24,15 @@ from bullmq_compat import (
 )
 from bullmq_compat import _backoff
 from bullmq_compat._backoff import builtin_delay, retry_delay
+from tests.helpers import EventRecorder, wait_until
 
 FAST = {"drain_delay": 0.5}
 # delays are whole milliseconds (floored), so a measured gap can be a hair under the delay
 EPS = 0.005
 
 
-async def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    """Poll ``predicate`` (sync or async) until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
-class Events:
-    """Records a worker's events as (name, args) and lets a test wait for them."""
-
-    def __init__(self, worker: Worker, *names: str) -> None:
-        self.seen: list[tuple[str, tuple[Any, ...]]] = []
-        for name in names:
-            worker.on(name, self._recorder(name))
-
-    def _recorder(self, name: str) -> Callable[..., None]:
-        def record(*args: Any) -> None:
-            self.seen.append((name, args))
-        return record
-
-    def of(self, name: str) -> list[tuple[Any, ...]]:
-        return [args for event, args in self.seen if event == name]
+class Events(EventRecorder):
+    """A worker's events, with a wait for them."""
 
     async def wait(self, name: str, count: int = 1, timeout: float = 10.0) -> list[tuple[Any, ...]]:
         await wait_until(lambda: len(self.of(name)) >= count, timeout, f"{count} {name!r} event(s)")
