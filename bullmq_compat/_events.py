@@ -43,18 +43,22 @@ class EventEmitter:
         return self
 
     def once(self, event: str, listener: Listener) -> "EventEmitter":
+        """Call ``listener`` once, the next time ``event`` happens."""
         self._listeners.setdefault(event, []).append((listener, True, _arity(listener)))
         return self
 
     def off(self, event: str, listener: Listener) -> "EventEmitter":
+        """Remove ``listener`` (added with `on` or `once`) from ``event``."""
         entries = self._listeners.get(event, [])
         self._listeners[event] = [entry for entry in entries if entry[0] is not listener]
         return self
 
     def listener_count(self, event: str) -> int:
+        """How many listeners ``event`` has."""
         return len(self._listeners.get(event, ()))
 
     def emit(self, event: str, *args: Any) -> bool:
+        """Call the listeners of ``event`` with ``args``; False when it has none."""
         entries = self._listeners.get(event)
         if not entries:
             if event == "error" and args:

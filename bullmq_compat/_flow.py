@@ -99,11 +99,13 @@ class FlowProducer:
         self.closing = False
 
     async def wait_until_ready(self) -> None:
+        """Check once that Redis answers (raises `RedisUnavailable` naming the address)."""
         if not self._ready:
             await self._redis.check()
             self._ready = True
 
     async def close(self) -> None:
+        """Close the connection it opened (a client passed as ``connection=`` stays open); later adds are refused."""
         self.closing = True
         await self._redis.close()
 

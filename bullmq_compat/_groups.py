@@ -151,6 +151,7 @@ class GroupKeeper:
         return total
 
     async def release(self, job_ids: Sequence[str]) -> int:
+        """Free the group slots of these finished jobs and release their groups' next jobs."""
         queue = self._queue
         # most finished jobs are not group jobs: one HMGET keeps them from costing a script call each
         gids = await queue.client.hmget(queue.keys.prefix_key + "grp:jobs", list(job_ids))
@@ -233,6 +234,7 @@ class GroupKeeper:
             await asyncio.sleep(self.sweep_interval)
 
     async def close(self) -> None:
+        """Stop the keeper (started by `run` or `start`) and close its blocking connection."""
         self.closing = True
         if self._blocking is not None and self._blocking is not self._queue.client:
             await self._blocking.aclose()
@@ -240,6 +242,7 @@ class GroupKeeper:
             self._task.cancel()
 
     def start(self) -> "asyncio.Task[None]":
+        """Run the keeper as a background task (errors are logged, not raised)."""
         self._task = asyncio.ensure_future(self._run_quietly())
         return self._task
 
@@ -285,6 +288,7 @@ class GroupsMixin:
         await GroupKeeper.for_queue(self).sweep()
 
     async def get_group_concurrency(self, group_id: str) -> int:
+        """How many jobs of ``group_id`` may run at once (its own setting, else the default, else 1)."""
         await self.wait_until_ready()
         own, default = await self.client.hmget(self.keys.prefix_key + "grp:conc", self._gid(group_id), "*")
         return int(own or default or 1)
@@ -294,9 +298,11 @@ class GroupsMixin:
         await self._group_op("pause", self._gid(group_id))
 
     async def resume_group(self, group_id: str) -> None:
+        """Release the group's jobs again after `pause_group`."""
         await self._group_op("resume", self._gid(group_id))
 
     async def is_group_paused(self, group_id: str) -> bool:
+        """Whether `pause_group` holds ``group_id``."""
         await self.wait_until_ready()
         return bool(await self.client.sismember(self.keys.prefix_key + "grp:paused", self._gid(group_id)))
 

@@ -82,6 +82,7 @@ class QueueBase(EventEmitter):
 
     @property
     def qualified_name(self) -> str:
+        """``"<prefix>:<queue>"``, as Node's qualifiedName (the ``queue`` of a ``parent=`` option)."""
         return self.keys.qualified_name
 
     def client_name(self, suffix: str = "") -> str:
@@ -155,6 +156,7 @@ class QueueBase(EventEmitter):
         return await channel.call_many(list(calls), raise_errors=False)
 
     async def close(self) -> None:
+        """Close the connections this object opened (a client passed as ``connection=`` stays open)."""
         self.closing = True
         if self._fast:
             await self._fast.close()
@@ -205,6 +207,7 @@ class QueueBase(EventEmitter):
         return best
 
     async def get_job_state(self, job_id: str) -> str:
+        """The state of job ``job_id``, as `Job.get_state` gives it ('unknown' when it does not exist)."""
         await self.wait_until_ready()
         k = self.keys
         state = await self.runner.call("getStateV2", [
@@ -351,6 +354,7 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueBase):
         return {state: int(count or 0) for state, count in zip(states, counts)}
 
     async def get_job_count_by_types(self, *types: str) -> int:
+        """The sum of `get_job_counts` over ``types`` (all states when none are named)."""
         return sum((await self.get_job_counts(*types)).values())
 
     async def count(self) -> int:
@@ -382,18 +386,23 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueBase):
         return jobs
 
     async def get_waiting(self, start: int = 0, end: int = -1) -> list[Job]:
+        """Waiting jobs, in the order workers take them."""
         return await self.get_jobs(["waiting"], start, end, True)
 
     async def get_completed(self, start: int = 0, end: int = -1) -> list[Job]:
+        """Completed jobs, newest first."""
         return await self.get_jobs(["completed"], start, end, False)
 
     async def get_failed(self, start: int = 0, end: int = -1) -> list[Job]:
+        """Failed jobs, newest first."""
         return await self.get_jobs(["failed"], start, end, False)
 
     async def get_delayed(self, start: int = 0, end: int = -1) -> list[Job]:
+        """Delayed jobs, the soonest due first."""
         return await self.get_jobs(["delayed"], start, end, True)
 
     async def get_active(self, start: int = 0, end: int = -1) -> list[Job]:
+        """Jobs being processed now."""
         return await self.get_jobs(["active"], start, end, True)
 
     async def get_job_logs(self, job_id: str, start: int = 0, end: int = -1, asc: bool = True
@@ -412,10 +421,12 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueBase):
         return {"logs": logs if asc else list(reversed(logs)), "count": int(count)}
 
     async def get_deduplication_job_id(self, deduplication_id: str) -> Optional[str]:
+        """The id of the job that holds ``deduplication_id``, or None when no job does."""
         await self.wait_until_ready()
         return codec.to_str(await self.client.get(f"{self.keys.de}:{deduplication_id}"))
 
     async def remove_deduplication_key(self, deduplication_id: str) -> int:
+        """Forget ``deduplication_id`` so the next add with it makes a new job; 1 when it was set."""
         await self.wait_until_ready()
         return int(await self.client.delete(f"{self.keys.de}:{deduplication_id}"))
 
@@ -433,12 +444,14 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueBase):
         await self._pause(True)
 
     async def resume(self) -> None:
+        """Let workers (all languages) take jobs of this queue again after `pause`."""
         await self.wait_until_ready()
         emit = True
         while await self._pause(False, emit) > 0:  # legacy 'paused' lists are moved in batches
             emit = False
 
     async def is_paused(self) -> bool:
+        """Whether the queue is paused (by any client, Python or Node)."""
         await self.wait_until_ready()
         return bool(await self.client.hexists(self.keys.meta, "paused"))
 
@@ -523,6 +536,7 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueBase):
         await self.client.hset(self.keys.meta, "concurrency", concurrency)
 
     async def remove_global_concurrency(self) -> None:
+        """Remove the limit set by `set_global_concurrency`."""
         await self.wait_until_ready()
         await self.client.hdel(self.keys.meta, "concurrency")
 
@@ -535,15 +549,18 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueBase):
         await self.client.hset(self.keys.meta, mapping={"max": max, "duration": duration})
 
     async def remove_global_rate_limit(self) -> None:
+        """Remove the limit set by `set_global_rate_limit`."""
         await self.wait_until_ready()
         await self.client.hdel(self.keys.meta, "max", "duration")
 
     async def get_global_concurrency(self) -> Optional[int]:
+        """The limit set by `set_global_concurrency`, or None."""
         await self.wait_until_ready()
         value = await self.client.hget(self.keys.meta, "concurrency")
         return int(value) if value is not None else None
 
     async def get_rate_limit_ttl(self, max_jobs: Optional[int] = None) -> int:
+        """Milliseconds until the queue's rate limit lets jobs through again (0 or less: not limited)."""
         await self.wait_until_ready()
         return int(await self.runner.call("getRateLimitTtl", [self.keys.limiter, self.keys.meta],
                                           [max_jobs if max_jobs is not None else "0"]))

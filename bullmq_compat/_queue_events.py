@@ -149,6 +149,7 @@ class QueueEvents(QueueBase):
     # -- running --------------------------------------------------------------------------------
     @property
     def running(self) -> bool:
+        """Whether the events stream is being read now."""
         return self._consumer is not None and not self._consumer.done()
 
     def _start(self) -> None:

@@ -302,6 +302,7 @@ class JobSchedulerMixin:
         return out
 
     async def get_job_schedulers_count(self: Any) -> int:
+        """How many job schedulers the queue has."""
         await self.wait_until_ready()
         return int(await self.client.zcard(self.keys.repeat))
 
