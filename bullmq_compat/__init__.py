@@ -51,3 +51,7 @@ __all__ = [
 ]
 __all__ += ["JobFailed", "JobWaitTimeout", "QueueEvents", "QueueEventsProducer"]
 __all__ += ["FlowProducer", "JobNode"]
+from bullmq_compat._groups import GroupJobRefused, GroupKeeper  # noqa: E402
+from bullmq_compat._telemetry import Telemetry  # noqa: E402
+
+__all__ += ["GroupJobRefused", "GroupKeeper", "Telemetry"]

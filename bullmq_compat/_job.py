@@ -31,7 +31,7 @@ def _int(raw: Mapping[str, str], field: str, default: Optional[int] = 0) -> Opti
     except ValueError:
         try:
             return int(float(value))
-        except ValueError:
+        except (ValueError, OverflowError):  # "NaN", "1e999" (inf) in a foreign or corrupt hash
             return default
 
 
@@ -82,6 +82,8 @@ class Job(FlowJobMixin):
         self.token: Optional[str] = None
         #: why the stored hash could not be read as a job (foreign or corrupt payload), else None
         self.parse_error: Optional[str] = None
+        #: the error of this attempt, once `move_to_failed` recorded it
+        self.error: Optional[BaseException] = None
         #: Node's deferredFailure ('defa'): set by the stalled check on a job stalled too often (and
         #: on a parent whose child failed); the worker that takes the job fails it with this reason
         self.deferred_failure: Optional[str] = None
@@ -302,6 +304,7 @@ class Job(FlowJobMixin):
         """Fail this attempt as Node does: retry (now, or after the backoff) while attempts remain and
         the error is not an `UnrecoverableError`; else move to failed. Returns the raw next-job reply."""
         reason = str(err) or type(err).__name__
+        self.error = err
         self.stacktrace = list(self.stacktrace or [])
         self.stacktrace.append("".join(traceback.format_exception(type(err), err, err.__traceback__)).rstrip())
         limit = self.opts.get("stack_trace_limit")

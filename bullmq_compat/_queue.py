@@ -496,6 +496,9 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueBase):
                 raise InvalidArgument(f"Cannot obliterate queue {self.name!r} with active jobs; pass force=True")
             if not cursor:
                 break
+        # our group gates' keys (upstream's obliterate knows only its own)
+        async for key in self.client.scan_iter(match=self.keys.prefix_key + "grp:*", count=1000):
+            await self.client.delete(key)
 
     async def remove(self, job_id: str, remove_children: bool = True) -> int:
         """Remove a job; 1 when removed, 0 when it is locked by a worker."""

@@ -41,7 +41,7 @@ from bullmq_compat._groups import GroupKeeper
 from bullmq_compat._job import Job
 from bullmq_compat import _telemetry as telemetry_attrs
 from bullmq_compat._telemetry import resolve as resolve_telemetry
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, Status, StatusCode
 from bullmq_compat._queue import QueueBase
 from bullmq_compat._scheduler import advance_for_worker
 from bullmq_compat._wire import codec
@@ -204,6 +204,7 @@ class Worker(QueueBase):
         self._limit_until = 0
         self._block_until = 0
         self._waiting_until = 0  # when the marker waiter's current BZPOPMIN times out (ms); 0: not blocked
+        self._poking = 0  # the due time of the delay marker being added (_poke_marker); 0: none
         self._paused = False
         self._running = False
         self._closed = asyncio.Event()
@@ -386,9 +387,11 @@ class Worker(QueueBase):
     def _update_delays(self, limit_delay: int, delay_until: int) -> None:
         self._limit_until = _now_ms() + limit_delay if limit_delay > 0 else 0
         self._block_until = max(delay_until, 0)
-        if 0 < delay_until < self._waiting_until:
+        if 0 < delay_until < self._waiting_until and not 0 < self._poking <= delay_until:
             # a slot learnt of a delayed job due before the marker waiter's BZPOPMIN ends: wake it
-            # with that job's delay marker (as upstream adds them), else the job waits for drain_delay
+            # with that job's delay marker (as upstream adds them), else the job waits for drain_delay.
+            # One poke in flight per due time (not one per slot: each would take a pooled connection)
+            self._poking = delay_until
             asyncio.ensure_future(self._poke_marker(delay_until))
 
     async def _poke_marker(self, delay_until: int) -> None:
@@ -396,6 +399,9 @@ class Worker(QueueBase):
             await self.client.zadd(self.keys.marker, {"1": delay_until})
         except Exception:  # the waiter's own timeout still comes
             pass
+        finally:
+            if self._poking == delay_until:
+                self._poking = 0
 
     def _job_from_reply(self, reply: Any, token: str) -> Optional[Job]:
         raw, job_id, limit_delay, delay_until = parse_next_job(reply)
@@ -574,8 +580,9 @@ class Worker(QueueBase):
                                              telemetry_attrs.MESSAGING_MESSAGE_ID: str(job.id)}) as (span, _):
             next_job = await self._process_plain(job)
             span.set_attribute(telemetry_attrs.JOB_ATTEMPTS_MADE, job.attempts_made)
-            if job.failed_reason:
-                span.add_event("job failed", {telemetry_attrs.JOB_FAILED_REASON: job.failed_reason})
+            if job.error is not None:  # this attempt failed (retried or for good)
+                span.add_event("job failed", {telemetry_attrs.JOB_FAILED_REASON: job.failed_reason or ""})
+                span.set_status(Status(StatusCode.ERROR, job.failed_reason or ""))
             return next_job
 
     async def _process_plain(self, job: Job) -> Optional[Job]:

@@ -111,3 +111,29 @@ async def test_a_python_producer_trace_continues_in_a_node_worker(redis_url, que
     node_consumer = next(s for s in consumed["spans"] if s["name"] == f"process {queue_name}")
     assert node_consumer["traceId"] == _hex(producer.context.trace_id, 32)
     assert node_consumer["parentSpanId"] == _hex(producer.context.span_id, 16)
+
+
+async def test_a_failed_attempt_marks_its_consumer_span_and_a_success_does_not(redis_url, queue_name, spans):
+    provider, exporter = spans
+    queue = Queue(queue_name, redis_url, telemetry=provider)
+    await queue.add("flaky", {}, attempts=2)
+    await queue.close()
+    done = asyncio.Event()
+
+    async def flaky(job):
+        if job.attempts_made == 0:
+            raise RuntimeError("first attempt fails")
+        return "ok"
+
+    worker = Worker(queue_name, flaky, redis_url, telemetry=provider, group_keeper=False)
+    worker.on("completed", lambda *_: done.set())
+    task = asyncio.ensure_future(worker.run(handle_signals=False))
+    await asyncio.wait_for(done.wait(), 10)
+    await worker.close()
+    await task
+    consumers = [s for s in exporter.get_finished_spans() if s.name == f"process {queue_name}"]
+    assert len(consumers) == 2
+    failed, succeeded = consumers
+    assert [e.name for e in failed.events] == ["job failed"] and not failed.status.is_ok
+    assert succeeded.events == () or not any(e.name == "job failed" for e in succeeded.events)
+    assert succeeded.status.is_unset

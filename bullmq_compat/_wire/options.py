@@ -192,6 +192,9 @@ for _opt in JOB_OPTIONS:
     _BY_NAME[_opt.node] = _opt
 _BY_WIRE: dict[str, JobOption] = {opt.wire: opt for opt in JOB_OPTIONS}
 
+# options Node sets itself (schedulers, repeat): accepted, but not offered in error messages
+_INTERNAL = frozenset({"prev_millis", "repeat_job_key"})
+
 _EXCLUSIVE = ("removeDependencyOnFailure", "failParentOnFailure", "continueParentOnFailure",
               "ignoreDependencyOnFailure")
 
@@ -211,7 +214,8 @@ def normalize_job_options(opts: Mapping[str, Any], *, extra: Mapping[str, Callab
             continue
         option = _BY_NAME.get(name)
         if option is None:
-            allowed = ", ".join(o.python for o in JOB_OPTIONS)
+            allowed = ", ".join([o.python for o in JOB_OPTIONS if o.python not in _INTERNAL]
+                                + [n for n in extra if "_" in n or n.islower()])
             raise InvalidJobOptions(f"unknown job option {name!r}; known options: {allowed}")
         out[option.node] = _storable(option.python, option.check(option.python, value))
     enabled = [name for name in _EXCLUSIVE if out.get(name)]
