@@ -305,6 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(run=cmd_bench)
 
+    p = sub.add_parser("fetch-upstream", help="fetch the pinned upstream BullMQ scripts (needs npm)")
+    p.set_defaults(run=lambda args: __import__("bullmq_compat._wire.fetch", fromlist=["main"]).main())
+
     p = sub.add_parser("lua", help="print one of our built Lua scripts (e.g. addGroupJob)")
     p.add_argument("name")
     p.set_defaults(run=cmd_lua)

@@ -198,7 +198,7 @@ def test_missing_upstream_scripts_say_how_to_fetch_them(
     for call in (upstream.commands_dir, upstream.ready_dir, upstream_scripts):
         with pytest.raises(UpstreamScriptsMissing) as info:
             call()
-        assert "run 'make setup' (or: python scripts/fetch_upstream.py)" in str(info.value)
+        assert "run 'make setup' in a clone, or 'bullmq-compat fetch-upstream'" in str(info.value)
 
 
 def test_upstream_copy_for_another_version_counts_as_missing(

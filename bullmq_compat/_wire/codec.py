@@ -9,7 +9,14 @@ import msgpack
 from bullmq_compat._errors import InvalidJobData
 
 _json_encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-_json_decoder = json.JSONDecoder()
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON (JavaScript's JSON.parse refuses it)")
+
+
+# as JSON.parse: NaN, Infinity and -Infinity are not JSON (Python's json would take them)
+_json_decoder = json.JSONDecoder(parse_constant=_not_json)
 
 
 def dumps(value: Any, *, what: str = "data") -> str:

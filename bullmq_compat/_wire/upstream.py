@@ -19,7 +19,7 @@ UPSTREAM_INTEGRITY = (
 UPSTREAM_DIR = Path(__file__).resolve().parent.parent / "_upstream"
 """Fetched copy of the pinned release (git-ignored). Holds ``commands/``, ``ready/`` and ``VERSION``."""
 
-FETCH_HINT = "run 'make setup' (or: python scripts/fetch_upstream.py)"
+FETCH_HINT = "run 'make setup' in a clone, or 'bullmq-compat fetch-upstream' (needs npm)"
 
 
 def stamp_path() -> Path:

@@ -1,0 +1,148 @@
+"""Fetch the pinned upstream BullMQ Lua scripts into ``bullmq_compat/_upstream/``.
+
+Usage: ``bullmq-compat fetch-upstream`` (any install; needs npm), or from a clone
+``python scripts/fetch_upstream.py`` (what ``make setup`` runs).
+
+Downloads the pinned npm tarball with ``npm pack``, refuses it unless its sha512 matches the pin
+in ``bullmq_compat/_wire/upstream.py``, and extracts only the files we use:
+
+* ``dist/cjs/commands/*.lua``          -> ``_upstream/commands/``
+* ``dist/cjs/commands/includes/*.lua`` -> ``_upstream/commands/includes/``
+* ``dist/cjs/scripts/<name>-<n>.js``   -> ``_upstream/ready/``
+
+then writes ``_upstream/VERSION``. Does nothing when that stamp already matches the pin.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path, PurePosixPath
+
+from bullmq_compat._errors import BullMQCompatError
+from bullmq_compat._wire import upstream
+
+# Member (inside the tarball) -> destination (inside UPSTREAM_DIR). Only flat file names are
+# accepted, so nothing in the tarball can steer a write outside the destination.
+_FLAT_NAME = re.compile(r"[A-Za-z0-9_.-]+\Z")
+_WANTED: tuple[tuple[str, str, re.Pattern[str]], ...] = (
+    ("package/dist/cjs/commands", "commands", re.compile(r"[A-Za-z0-9_]+-\d+\.lua\Z")),
+    ("package/dist/cjs/commands/includes", "commands/includes", re.compile(r"[A-Za-z0-9_]+\.lua\Z")),
+    # The index.js there only re-exports the others (and needs tslib), so it is left out.
+    ("package/dist/cjs/scripts", "ready", re.compile(r"[A-Za-z0-9_]+-\d+\.js\Z")),
+)
+
+
+class FetchError(BullMQCompatError):
+    """A fetch failure, reported as one line."""
+
+
+def _destination(member: tarfile.TarInfo) -> str | None:
+    """Where a tarball member goes relative to UPSTREAM_DIR, or None if we do not want it."""
+    if not member.isfile():
+        return None
+    path = PurePosixPath(member.name)
+    if not _FLAT_NAME.match(path.name):
+        return None
+    for source_dir, dest_dir, pattern in _WANTED:
+        if str(path.parent) == source_dir and pattern.match(path.name):
+            return f"{dest_dir}/{path.name}"
+    return None
+
+
+def _integrity(tarball: Path) -> str:
+    digest = hashlib.sha512(tarball.read_bytes()).digest()
+    return "sha512-" + base64.b64encode(digest).decode("ascii")
+
+
+_NPM_NOISE = re.compile(r"(code|syscall|errno|at|A complete log|In most cases)\b")
+
+
+def _npm_error(stderr: str, returncode: int) -> str:
+    """The one informative line of npm's error output (e.g. "ETARGET: notarget No matching version ...")."""
+    lines = [ln.removeprefix("npm error").removeprefix("npm ERR!").strip() for ln in stderr.splitlines()]
+    code = next((ln.split()[1] for ln in lines if ln.startswith("code ") and len(ln.split()) > 1), None)
+    message = next((ln for ln in lines if ln and not _NPM_NOISE.match(ln)), None)
+    if message is None:
+        return f"exit status {returncode}"
+    return f"{code}: {message}" if code else message
+
+
+def _npm_pack(spec: str, dest: Path) -> Path:
+    npm = shutil.which("npm")
+    if npm is None:
+        raise FetchError("npm is not on PATH: install Node.js (which provides npm) and retry")
+    proc = subprocess.run(
+        [npm, "pack", spec, "--pack-destination", str(dest), "--loglevel=error", "--no-fund", "--no-audit"],
+        capture_output=True, text=True,
+    )
+    if proc.returncode != 0:
+        raise FetchError(f"npm pack {spec} failed: {_npm_error(proc.stderr, proc.returncode)}")
+    tarballs = sorted(dest.glob("*.tgz"))
+    if len(tarballs) != 1:
+        raise FetchError(f"npm pack {spec} did not produce exactly one tarball in {dest}")
+    return tarballs[0]
+
+
+def _extract(tarball: Path, target: Path) -> int:
+    """Copy the wanted members into ``target``; returns how many files were written."""
+    count = 0
+    with tarfile.open(tarball, "r:gz") as tar:
+        for member in tar:
+            rel = _destination(member)
+            if rel is None:
+                continue
+            source = tar.extractfile(member)
+            if source is None:
+                continue
+            out = target / rel
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(source.read())
+            count += 1
+    return count
+
+
+def fetch() -> str:
+    """Fetch, verify and install the pinned scripts; returns a one-line summary."""
+    spec = f"{upstream.UPSTREAM_PACKAGE}@{upstream.UPSTREAM_VERSION}"
+    if upstream.is_current():
+        return f"upstream {spec} already fetched in {upstream.UPSTREAM_DIR}"
+
+    final = upstream.UPSTREAM_DIR
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="bullmq-upstream-") as tmp:
+        tarball = _npm_pack(spec, Path(tmp))
+        got = _integrity(tarball)
+        if got != upstream.UPSTREAM_INTEGRITY:
+            raise FetchError(
+                f"refusing {tarball.name}: integrity {got} does not match the pin {upstream.UPSTREAM_INTEGRITY}"
+            )
+        # Build next to the final place, then swap, so an interrupted fetch never leaves a
+        # half-filled directory that looks current.
+        staging = Path(tempfile.mkdtemp(prefix="._upstream-", dir=final.parent))
+        try:
+            count = _extract(tarball, staging)
+            if not any((staging / "commands").glob("*.lua")) or not any((staging / "ready").glob("*.js")):
+                raise FetchError(f"{tarball.name} does not contain the expected dist/cjs scripts")
+            (staging / "VERSION").write_text(upstream.UPSTREAM_VERSION + "\n", encoding="utf-8")
+            if final.exists():
+                shutil.rmtree(final)
+            staging.rename(final)
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging)
+    return f"fetched upstream {spec} ({count} files, {got[:20]}...) into {final}"
+
+
+def main() -> int:
+    try:
+        print(fetch())
+    except FetchError as exc:
+        print(f"fetch-upstream: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
