@@ -21,7 +21,7 @@ import os
 import signal
 import time
 import uuid
-from typing import Any, Awaitable, Callable, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
 import redis.exceptions as redis_exc
 

@@ -5,17 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
-from typing import Any, AsyncIterator, Callable, Mapping
+from typing import Any, AsyncIterator, Mapping
 
 from bullmq_compat import Job, Worker
 from tests.node import INTEROP, NodeProcess
-from tests.helpers import wait_until
 
 FLOW_JS = INTEROP / "flow.js"
 FINISHED = ("completed", "failed")
-
-
 
 
 async def process(job: Job) -> Any:

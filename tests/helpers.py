@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Callable
 
 
 async def wait_until(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "condition",
@@ -36,3 +37,28 @@ class EventRecorder:
 
     def of(self, name: str) -> list[tuple[Any, ...]]:
         return [args for event, args in self.seen if event == name]
+
+
+@contextlib.asynccontextmanager
+async def running(worker: Any, *, force_close: bool = False) -> AsyncIterator[Any]:
+    """Run ``worker`` in the background for the block; closed (and awaited) on the way out."""
+    task = asyncio.ensure_future(worker.run(handle_signals=False))
+    try:
+        await asyncio.sleep(0.05)
+        assert not task.done(), f"worker.run() ended at once: {task.exception() if task.done() else ''}"
+        yield worker
+    finally:
+        await worker.close(force=force_close)
+        await asyncio.wait_for(task, 15)
+
+
+@contextlib.asynccontextmanager
+async def a_queue(name: str, url: str) -> AsyncIterator[Any]:
+    """A Queue closed on the way out."""
+    from bullmq_compat import Queue
+
+    queue = Queue(name, connection=url)
+    try:
+        yield queue
+    finally:
+        await queue.close()

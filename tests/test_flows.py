@@ -19,7 +19,8 @@ from bullmq_compat import (
     WaitingChildrenError,
     Worker,
 )
-from tests.flow_helpers import FINISHED, policy_flow, process, wait_until, workers
+from tests.flow_helpers import FINISHED, policy_flow, process, workers
+from tests.helpers import wait_until
 
 
 @pytest.fixture

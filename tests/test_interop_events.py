@@ -20,8 +20,6 @@ EVENTS_JS = INTEROP / "events.js"
 FAST = {"drain_delay": 0.5}
 
 
-
-
 def node_events(op: str, **args: Any) -> NodeProcess:
     """interop/events.js in the background; entering waits until its QueueEvents listens."""
     return NodeProcess(EVENTS_JS, op, json.dumps(args), result_timeout=60)

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from bullmq_compat import FlowProducer, Job
-from tests.flow_helpers import FINISHED, flow_js, flow_work, policy_flow, wait_until, workers
+from tests.flow_helpers import FINISHED, flow_js, flow_work, policy_flow, workers
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.node
 

@@ -17,8 +17,6 @@ from tests.helpers import wait_until
 pytestmark = pytest.mark.node
 
 
-
-
 class Behave:
     """The Python twin of cli.js's processJob: behaviour from job.data["behave"]; records job ids."""
 

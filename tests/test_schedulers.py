@@ -7,14 +7,13 @@ import asyncio
 import json
 import time
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
 from bullmq_compat import InvalidArgument, InvalidJobOptions, Job, Queue, Worker
 from bullmq_compat._cron import next_cron_millis, parse_cron
 from bullmq_compat._scheduler import advance_job_scheduler, is_legacy_repeat_key
-from tests.helpers import wait_until
 
 # a worker's timer precision, for "on time" (ms)
 ON_TIME_MS = 150
@@ -27,8 +26,6 @@ def millis_of(job_id: str) -> int:
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
 
 
 async def scheduler_jobs(redis: Any, queue_name: str, scheduler_id: str) -> dict[str, dict[str, str]]:

@@ -6,7 +6,7 @@ import asyncio
 import json
 import threading
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import pytest
 

@@ -8,48 +8,16 @@ takes ~50 s for 10 jobs, an idle worker that sleeps through adds, a delayed job 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import pytest
 
-from bullmq_compat import Queue, RateLimitError, Worker
+from bullmq_compat import RateLimitError, Worker
+from tests.helpers import a_queue, running, wait_until
 
 # the largest integer a JS number holds exactly: what Node's worker.rateLimit() stores
 NODE_RATE_LIMIT_VALUE = str(2**53 - 1)
-
-
-@contextlib.asynccontextmanager
-async def running(worker: Worker) -> AsyncIterator[Worker]:
-    """Run ``worker`` in the background for the block; closed (and awaited) on the way out."""
-    errors: list[BaseException] = []
-    worker.on("error", errors.append)
-    task = asyncio.ensure_future(worker.run(handle_signals=False))
-    try:
-        await asyncio.sleep(0.05)
-        assert not task.done(), f"worker.run() ended at once: {task.exception() if task.done() else ''}"
-        yield worker
-    finally:
-        await worker.close()
-        await asyncio.wait_for(task, 10)
-
-
-@contextlib.asynccontextmanager
-async def a_queue(name: str, url: str) -> AsyncIterator[Queue]:
-    queue = Queue(name, connection=url)
-    try:
-        yield queue
-    finally:
-        await queue.close()
-
-
-async def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.005)
 
 
 class InFlight:
@@ -87,7 +55,7 @@ async def test_worker_limiter_spaces_jobs(redis_url: str, queue_name: str) -> No
             Worker(queue_name, process, connection=redis_url, limiter={"max": 1, "duration": 200})):
         t0 = time.monotonic()
         await queue.add_bulk([{"name": "limited", "data": {"i": i}} for i in range(10)])
-        await wait_for(lambda: len(starts) == 10, 15, "10 rate-limited jobs")
+        await wait_until(lambda: len(starts) == 10, 15, "10 rate-limited jobs")
         elapsed = time.monotonic() - t0
         print(f"limiter: 10 jobs in {elapsed:.3f}s")
         assert 1.6 <= elapsed <= 4.0, f"10 jobs at 1 per 200 ms took {elapsed:.2f}s"
@@ -115,11 +83,11 @@ async def test_rate_limit_error_puts_job_back_to_waiting(redis_url: str, queue_n
     second = Worker(queue_name, process, connection=redis_url, limiter=limiter)
     async with a_queue(queue_name, redis_url) as queue, running(first), running(second):
         job = await queue.add("limited", {"x": 1})
-        await wait_for(lambda: len(runs) >= 1, 5, "the first run")
+        await wait_until(lambda: len(runs) >= 1, 5, "the first run")
         await asyncio.sleep(0.1)
         assert await job.get_state() == "waiting"
         assert await redis.get(f"bull:{queue_name}:limiter") == NODE_RATE_LIMIT_VALUE
-        await wait_for(lambda: len(runs) >= 2, 5, "the job to run again")
+        await wait_until(lambda: len(runs) >= 2, 5, "the job to run again")
         again = runs[1] - runs[0]
         assert 0.45 <= again <= 1.5, f"ran again {again * 1000:.0f} ms after rate_limit(500)"
         for _ in range(200):
@@ -143,7 +111,7 @@ async def test_global_rate_limit_is_honoured(redis_url: str, queue_name: str) ->
         async with running(Worker(queue_name, process, connection=redis_url, concurrency=4)):
             t0 = time.monotonic()
             await queue.add_bulk([{"name": "g", "data": {"i": i}} for i in range(6)])
-            await wait_for(lambda: len(starts) == 6, 15, "6 globally rate-limited jobs")
+            await wait_until(lambda: len(starts) == 6, 15, "6 globally rate-limited jobs")
             elapsed = time.monotonic() - t0
         assert 1.15 <= elapsed <= 4.0, f"6 jobs at 1 per 250 ms took {elapsed:.2f}s"
         gaps = [b - a for a, b in zip(starts, starts[1:])]
@@ -160,7 +128,7 @@ async def test_global_concurrency_caps_all_workers(redis_url: str, queue_name: s
                 running(Worker(queue_name, flight.wrap(0.1), connection=redis_url, concurrency=5)):
             t0 = time.monotonic()
             await queue.add_bulk([{"name": "c", "data": {"i": i}} for i in range(12)])
-            await wait_for(lambda: flight.done == 12, 15, "12 jobs under global concurrency 2")
+            await wait_until(lambda: flight.done == 12, 15, "12 jobs under global concurrency 2")
             elapsed = time.monotonic() - t0
         assert flight.max == 2, f"{flight.max} jobs ran at once under global concurrency 2"
         assert elapsed >= 0.55, f"12 jobs of 100 ms, 2 at a time, took only {elapsed:.2f}s"
@@ -177,7 +145,7 @@ async def test_concurrency_runs_jobs_in_parallel_and_no_more(redis_url: str, que
             Worker(queue_name, flight.wrap(0.2), connection=redis_url, concurrency=10)):
         t0 = time.monotonic()
         await queue.add_bulk([{"name": "p", "data": {"i": i}} for i in range(20)])
-        await wait_for(lambda: flight.done == 20, 10, "20 jobs at concurrency 10")
+        await wait_until(lambda: flight.done == 20, 10, "20 jobs at concurrency 10")
         elapsed = time.monotonic() - t0
         print(f"concurrency: 20 x 200 ms jobs in {elapsed:.3f}s")
     assert flight.max <= 10, f"{flight.max} jobs ran at once at concurrency 10"
@@ -201,7 +169,7 @@ async def test_idle_worker_wakes_at_once_for_a_new_job(redis_url: str, queue_nam
         assert drained and not active_at
         t0 = time.monotonic()
         await queue.add("wake", {})
-        await wait_for(lambda: bool(active_at), 5, "the idle worker to take the job")
+        await wait_until(lambda: bool(active_at), 5, "the idle worker to take the job")
         latency = active_at[0] - t0
         print(f"idle wake ({'fast' if fast_path else 'redis-py'}): {latency * 1000:.1f} ms")
         assert latency < 0.2, f"idle worker took {latency * 1000:.0f} ms to take a new job"
@@ -219,7 +187,7 @@ async def test_delayed_job_runs_on_time_on_an_idle_worker(redis_url: str, queue_
         t0 = time.monotonic()
         job = await queue.add("later", {}, delay=8000)
         assert await job.get_state() == "delayed"
-        await wait_for(lambda: bool(active_at), 12, "the delayed job to become active")
+        await wait_until(lambda: bool(active_at), 12, "the delayed job to become active")
         error = active_at[0] - t0 - 8.0
         print(f"delayed 8 s ({'fast' if fast_path else 'redis-py'}): ran {error * 1000:+.0f} ms off")
         assert -0.1 <= error <= 1.0, f"an 8 s delayed job ran {error:+.2f}s off schedule"

@@ -16,46 +16,17 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Optional
+from typing import Any, Optional
 
 import pytest
 
 from bullmq_compat import Queue, Worker
+from tests.helpers import a_queue, running, wait_until
 from tests._redis_server import RedisServer
 from tests.node import node
 
 ROOT = Path(__file__).resolve().parent.parent
 STALLED_REASON = "job stalled more than allowable limit"
-
-
-@contextlib.asynccontextmanager
-async def running(worker: Worker, *, force_close: bool = False) -> AsyncIterator[Worker]:
-    """Run ``worker`` in the background for the block; closed (and awaited) on the way out."""
-    task = asyncio.ensure_future(worker.run(handle_signals=False))
-    try:
-        await asyncio.sleep(0.05)
-        assert not task.done(), f"worker.run() ended at once: {task.exception() if task.done() else ''}"
-        yield worker
-    finally:
-        await worker.close(force=force_close)
-        await asyncio.wait_for(task, 15)
-
-
-@contextlib.asynccontextmanager
-async def a_queue(name: str, url: str) -> AsyncIterator[Queue]:
-    queue = Queue(name, connection=url)
-    try:
-        yield queue
-    finally:
-        await queue.close()
-
-
-async def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 async def wait_state(queue: Queue, job_id: str, state: str, timeout: float) -> None:
@@ -149,11 +120,11 @@ async def test_lock_renewal_keeps_a_long_job(redis_url: str, queue_name: str, re
     worker.on("completed", lambda job, result, prev: completed.append(job.id))
     async with a_queue(queue_name, redis_url) as queue, running(worker):
         job = await queue.add("long", {})
-        await wait_for(lambda: bool(runs), 5, "the job to start")
+        await wait_until(lambda: bool(runs), 5, "the job to start")
         for _ in range(4):  # well past the first lock's expiry
             await asyncio.sleep(0.45)
             lock_ttls.append(await redis.pttl(f"bull:{queue_name}:{job.id}:lock"))
-        await wait_for(lambda: bool(completed), 5, "the long job to complete")
+        await wait_until(lambda: bool(completed), 5, "the long job to complete")
         await asyncio.sleep(0.4)  # another stalled check or two
     assert all(ttl > 0 for ttl in lock_ttls), f"the lock lapsed during the job: PTTLs {lock_ttls}"
     assert stalled == [] and runs == [job.id] and completed == [job.id]
@@ -184,7 +155,7 @@ async def test_job_of_a_killed_worker_is_recovered(redis_url: str, queue_name: s
         rescuer.on("stalled", lambda job_id, prev: stalled.append(job_id))
         rescuer.on("completed", lambda j, result, prev: completed.append((j.id, result)))
         async with running(rescuer):
-            await wait_for(lambda: bool(completed), 8, "the stalled job to be recovered and completed")
+            await wait_until(lambda: bool(completed), 8, "the stalled job to be recovered and completed")
             recovered_in = time.monotonic() - killed_at
         print(f"killed worker's job recovered {recovered_in:.2f}s after SIGKILL")
         assert stalled == [job.id]
@@ -306,7 +277,7 @@ async def test_idle_worker_rides_out_a_redis_outage(fast_path: bool, queue_name:
             server = RedisServer(port=port).start()
             async with a_queue(queue_name, server.url) as queue:
                 job = await queue.add("after", {})
-                await wait_for(lambda: bool(completed), 15, "the job added after Redis came back")
+                await wait_until(lambda: bool(completed), 15, "the job added after Redis came back")
                 assert completed == [job.id]
                 assert await queue.get_job_state(job.id) == "completed"
     finally:
@@ -323,7 +294,7 @@ async def test_use_processes_runs_the_processor_in_a_child(redis_url: str, queue
     worker.on("completed", lambda job, result, prev: results.append(result))
     async with a_queue(queue_name, redis_url) as queue, running(worker):
         job = await queue.add("cpu", {"n": 1000})
-        await wait_for(lambda: bool(results), 20, "the child-process job")
+        await wait_until(lambda: bool(results), 20, "the child-process job")
     assert results[0]["sum"] == sum(i * i for i in range(1000))
     assert results[0]["pid"] != os.getpid()
     done = await queue.get_job(job.id)
@@ -339,9 +310,9 @@ async def test_a_crashing_child_fails_only_its_job(redis_url: str, queue_name: s
     worker.on("failed", lambda job, err, prev: finished.append((job.id, "failed")))
     async with a_queue(queue_name, redis_url) as queue, running(worker):
         crash = await queue.add("crash", {"crash": True})
-        await wait_for(lambda: len(finished) >= 1, 20, "the crashing job to fail")
+        await wait_until(lambda: len(finished) >= 1, 20, "the crashing job to fail")
         after = await queue.add("fine", {"crash": False})
-        await wait_for(lambda: len(finished) >= 2, 20, "the job after the crash")
+        await wait_until(lambda: len(finished) >= 2, 20, "the job after the crash")
     assert finished == [(crash.id, "failed"), (after.id, "completed")]
     failed = await queue.get_job(crash.id)
     assert failed is not None and failed.failed_reason is not None
@@ -364,7 +335,7 @@ async def test_named_worker_is_listed_in_python_and_node(redis_url: str, queue_n
     worker.on("completed", lambda job, result, prev: completed.append(job.id))
     async with a_queue(queue_name, redis_url) as queue, running(worker):
         job = await queue.add("invoice", {})
-        await wait_for(lambda: bool(completed), 5, "the job")
+        await wait_until(lambda: bool(completed), 5, "the job")
         await asyncio.sleep(0.1)  # back to blocking on the marker
         ours = await queue.get_workers()
         assert [w["rawname"] for w in ours] == [rawname], ours
