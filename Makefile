@@ -4,7 +4,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test bench demo clean upstream interop browser
+.PHONY: setup test bench demo clean upstream interop browser chaos
 
 setup: $(STAMP) upstream interop interop/lua/addGroupJob.lua browser
 
@@ -34,6 +34,10 @@ browser:
 
 test: setup
 	$(VPY) -m pytest -q $(PYTEST_ARGS)
+
+# the reliability suite at full size: 20,000-job crash soak, Redis restarts and faults, leaks
+chaos: setup
+	BULLMQ_COMPAT_CHAOS=1 $(VPY) -m pytest -q tests/test_chaos.py tests/test_redis_faults.py tests/test_leaks.py
 
 demo: setup
 	$(VPY) scripts/demo.py

@@ -1,0 +1,441 @@
+"""Shared pieces of the reliability tests (tests/test_chaos.py, test_redis_faults.py, test_leaks.py).
+
+Jobs follow a *plan* the test decides up front (``job.data["plan"]``, see tests/chaos_worker_proc.py):
+"ok", "retry" (fails attempt 1, then succeeds), "always" (fails every attempt) or "fatal"
+(UnrecoverableError). Handlers record every run in Redis; `check_runs` checks the records
+against what the plan says and against the kills the test made, and returns the figures.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import sys
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional, Sequence
+
+import redis.asyncio as aioredis
+
+from tests.chaos_worker_proc import ALWAYS_REASON, FATAL_REASON
+from tests.group_helpers import Proc
+from tests._redis_server import RedisServer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: BULLMQ_COMPAT_CHAOS=1 (``make chaos``) runs the full sizes; ``make test`` runs short versions.
+CHAOS = os.environ.get("BULLMQ_COMPAT_CHAOS", "") not in ("", "0")
+
+ATTEMPTS = 3
+EXPECTED_ATTEMPTS = {"ok": 1, "retry": 2, "always": ATTEMPTS, "fatal": 1}
+EXPECTED_STATE = {"ok": "completed", "retry": "completed", "always": "failed", "fatal": "failed"}
+EXPECTED_REASON = {"always": ALWAYS_REASON, "fatal": FATAL_REASON}
+#: a run that ended this long before its process was killed had time to write its finish
+KILL_WINDOW_MS = 1000
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+ARTIFACTS = ROOT / "test-artifacts"
+
+
+def report(line: str) -> None:
+    """Print a figures line, and keep it in test-artifacts/reliability.txt (pytest -q hides prints)."""
+    print(line)
+    ARTIFACTS.mkdir(exist_ok=True)
+    with open(ARTIFACTS / "reliability.txt", "a") as f:
+        f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {'chaos' if CHAOS else 'default'} {line.strip()}\n")
+
+
+# -- plans ---------------------------------------------------------------------------------------
+
+@dataclass
+class Plan:
+    """What the test adds and what each job must end as."""
+
+    items: list[dict[str, Any]]
+    groups: dict[str, int]                       # group id -> its number of jobs (s = 0..n-1)
+    ids: list[str] = field(default_factory=list)  # job ids, once added, in item order
+
+    def spec(self, index: int) -> Mapping[str, Any]:
+        return self.items[index]["data"]
+
+
+def plan_jobs(n: int, *, seed: int = 1, grouped: float = 0.25, per_group: int = 20, retry: float = 0.10,
+              always: float = 0.03, fatal: float = 0.02, ms: tuple[int, int] = (20, 80),
+              extra_opts: Optional[Mapping[str, Any]] = None, pad: int = 0) -> Plan:
+    """``n`` jobs: a ``grouped`` share in groups of ``per_group`` (interleaved with the rest, each
+    group in order s = 0, 1, ...), ``retry`` failing on attempt 1 only (half of them with a
+    backoff, so both the retry and the delayed path run), ``always``/``fatal`` failing for good."""
+    rng = random.Random(seed)
+    n_grouped = int(n * grouped)
+    n_groups = max(1, n_grouped // per_group) if n_grouped else 0
+    group_of = [f"g{rng.randrange(n_groups):04d}" if i < n_grouped else None for i in range(n)]
+    rng.shuffle(group_of)
+    seq: dict[str, int] = defaultdict(int)
+    items = []
+    for i, g in enumerate(group_of):
+        r = rng.random()
+        plan = "retry" if r < retry else "always" if r < retry + always else \
+            "fatal" if r < retry + always + fatal else "ok"
+        data: dict[str, Any] = {"i": i, "plan": plan, "ms": rng.randint(*ms)}
+        opts: dict[str, Any] = {"attempts": ATTEMPTS, **(extra_opts or {})}
+        if plan == "retry" and i % 2:
+            opts["backoff"] = {"type": "fixed", "delay": 100}
+        if g is not None:
+            data["g"], data["s"] = g, seq[g]
+            seq[g] += 1
+            opts["group"] = g
+        if pad:
+            data["pad"] = "x" * pad
+        items.append({"name": plan, "data": data, "opts": opts})
+    return Plan(items, dict(seq))
+
+
+async def add_plan(queue: Any, plan: Plan, batch: int = 1000) -> list[str]:
+    ids: list[str] = []
+    for start in range(0, len(plan.items), batch):
+        ids += [str(job.id) for job in await queue.add_bulk(plan.items[start:start + batch])]
+    plan.ids = ids
+    return ids
+
+
+# -- records -------------------------------------------------------------------------------------
+
+async def read_list(client: aioredis.Redis, key: str, batch: int = 10000) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    total = int(await client.llen(key))
+    for start in range(0, total, batch):
+        out += [json.loads(x) for x in await client.lrange(key, start, start + batch - 1)]
+    return out
+
+
+async def final_states(client: aioredis.Redis, prefix: str, ids: Sequence[str], batch: int = 2000
+                       ) -> dict[str, dict[str, Any]]:
+    """id -> {"state", "atm", "returnvalue", "failedReason", "stc"} for every job id."""
+    out: dict[str, dict[str, Any]] = {}
+    for start in range(0, len(ids), batch):
+        chunk = ids[start:start + batch]
+        pipe = client.pipeline(transaction=False)
+        for job_id in chunk:
+            pipe.zscore(f"{prefix}completed", job_id)
+            pipe.zscore(f"{prefix}failed", job_id)
+            pipe.hmget(f"{prefix}{job_id}", "atm", "returnvalue", "failedReason", "stc", "ats")
+        replies = await pipe.execute()
+        for k, job_id in enumerate(chunk):
+            done, failed, (atm, rv, reason, stc, ats) = replies[3 * k: 3 * k + 3]
+            state = "completed" if done is not None else "failed" if failed is not None else "unfinished"
+            out[job_id] = {"state": state, "atm": int(atm or 0), "returnvalue": json.loads(rv) if rv else None,
+                           "failedReason": reason, "stc": int(stc or 0), "ats": int(ats or 0)}
+    return out
+
+
+async def finish_events(client: aioredis.Redis, events_key: str, batch: int = 20000) -> dict[str, Counter]:
+    """'completed'/'failed'/'stalled' events per job id, from the whole events stream."""
+    counts: dict[str, Counter] = {"completed": Counter(), "failed": Counter(), "stalled": Counter()}
+    last = "-"
+    while True:
+        entries = await client.xrange(events_key, min=last, max="+", count=batch)
+        if last != "-" and entries and entries[0][0] == last:
+            entries = entries[1:]
+        if not entries:
+            break
+        for entry_id, fields in entries:
+            event = fields.get("event")
+            if event in counts:
+                counts[event][fields.get("jobId")] += 1
+        last = entries[-1][0]
+    return counts
+
+
+@dataclass
+class Figures:
+    jobs: int = 0
+    grouped: int = 0
+    groups: int = 0
+    completed: int = 0
+    failed: int = 0
+    starts: int = 0
+    kills: int = 0
+    restarts: int = 0
+    killed_runs: int = 0        # runs cut short by a kill (started, never ended)
+    duplicates: int = 0         # extra starts of the same (job, attempt)
+    unexplained: int = 0        # duplicates not explained by a kill (must be 0)
+    losses: int = 0
+    stalled_events: int = 0
+    seconds: float = 0.0
+
+    def short(self) -> str:
+        return (f"jobs={self.jobs} completed={self.completed} failed={self.failed} starts={self.starts} "
+                f"duplicates={self.duplicates} unexplained={self.unexplained} losses={self.losses} "
+                f"stalled_events={self.stalled_events}")
+
+    def line(self) -> str:
+        return (f"jobs={self.jobs} grouped={self.grouped} groups={self.groups} completed={self.completed} "
+                f"failed={self.failed} starts={self.starts} kills={self.kills} restarts={self.restarts} "
+                f"killed_runs={self.killed_runs} duplicates={self.duplicates} unexplained={self.unexplained} "
+                f"losses={self.losses} stalled_events={self.stalled_events} seconds={self.seconds:.1f}")
+
+
+def check_runs(plan: Plan, states: Mapping[str, Mapping[str, Any]], starts: list[dict[str, Any]],
+               ends: list[dict[str, Any]], kills: Mapping[int, int], events: Mapping[str, Counter], *,
+               windows: Sequence[tuple[int, int]] = (), may_repeat: Iterable[str] = ()) -> Figures:
+    """Assert every invariant over one run; returns its figures.
+
+    A repeated start of the same (job, attempt) is a *duplicate*, and must be explained: every
+    earlier run of that attempt was
+
+    - in a process SIGKILLed after the run started (``kills``: pid -> when, ms), and cut short by
+      it or ended less than KILL_WINDOW_MS before it (its finish not yet written); or
+    - in flight during a fault window (``windows``: (start, end) ms — Redis down, connections
+      killed), i.e. started before the window ended and not ended KILL_WINDOW_MS before it began; or
+    - of a job in ``may_repeat`` (e.g. active when CLIENT PAUSE began: its lock expired).
+
+    No job runs twice at once, except those explained by a window or ``may_repeat`` (their lock
+    expired while the first run went on: that is at-least-once), and no two jobs of a group run
+    at once, except around those same jobs.
+    """
+    figures = Figures(jobs=len(plan.ids), grouped=sum(plan.groups.values()), groups=len(plan.groups),
+                      kills=len(kills))
+    by_id = {job_id: plan.spec(i) for i, job_id in enumerate(plan.ids)}
+    may_repeat = set(may_repeat)
+
+    # 1. every job ended as its handler decided, once
+    wrong = []
+    for job_id, spec in by_id.items():
+        st = states[job_id]
+        want = EXPECTED_STATE[spec["plan"]]
+        if st["state"] == "unfinished":
+            figures.losses += 1
+            continue
+        if st["state"] == "completed":
+            figures.completed += 1
+        else:
+            figures.failed += 1
+        ok = st["state"] == want and st["atm"] == EXPECTED_ATTEMPTS[spec["plan"]]
+        if want == "completed":
+            ok = ok and st["returnvalue"] == {"i": spec["i"], "a": EXPECTED_ATTEMPTS[spec["plan"]]}
+        else:
+            ok = ok and st["failedReason"] == EXPECTED_REASON[spec["plan"]]
+        ok = ok and events["completed"][job_id] == (want == "completed") \
+            and events["failed"][job_id] == (want == "failed")
+        if not ok:
+            wrong.append((job_id, spec["plan"], st, events["completed"][job_id], events["failed"][job_id]))
+    figures.stalled_events = sum(events["stalled"].values())
+    assert figures.losses == 0, f"{figures.losses} jobs never finished: " + str(
+        [(j, s) for j, s in states.items() if s["state"] == "unfinished"][:10])
+    assert not wrong, f"{len(wrong)} jobs ended otherwise than their handler decided (or not once): {wrong[:10]}"
+
+    # 2. runs: intervals (a run cut short by a kill ends at the kill), duplicates and their causes
+    finished = {(e["id"], e["a"], e["pid"], e["t0"]): e for e in ends}
+    # a record written twice (its reply lost, the write retried) is one run
+    starts = list({(st["id"], st["a"], st["pid"], st["t0"]): st for st in starts}.values())
+    figures.starts = len(starts)
+    runs: dict[str, list[tuple[int, int, int, int, bool]]] = defaultdict(list)  # id -> (t0, t1, a, pid, ended)
+    for st in starts:
+        end = finished.get((st["id"], st["a"], st["pid"], st["t0"]))
+        if end is not None:
+            t1, ended = end["t1"], True
+        else:
+            assert st["pid"] in kills, f"a run started and never ended, and its process was not killed: {st}"
+            t1, ended = kills[st["pid"]], False
+            figures.killed_runs += 1
+        runs[st["id"]].append((st["t0"], t1, st["a"], st["pid"], ended))
+    assert set(runs) == set(by_id), f"jobs never started: {sorted(set(by_id) - set(runs))[:10]}"
+
+    def by_kill(t0: int, t1: int, pid: int, ended: bool) -> bool:
+        return pid in kills and kills[pid] >= t0 and (not ended or kills[pid] - t1 < KILL_WINDOW_MS)
+
+    def by_window(t0: int, t1: int) -> bool:
+        return any(t0 <= w1 and t1 >= w0 - KILL_WINDOW_MS for w0, w1 in windows)
+
+    unexplained = []
+    lock_lost: set[str] = set(may_repeat)  # jobs that may have run twice at once
+    for job_id, job_runs in runs.items():
+        job_runs.sort()
+        if any(by_window(t0, t1) for t0, t1, *_ in job_runs):
+            lock_lost.add(job_id)
+        per_attempt: dict[int, list[tuple[int, int, int, int, bool]]] = defaultdict(list)
+        for run in job_runs:
+            per_attempt[run[2]].append(run)
+        for attempt, same in per_attempt.items():
+            figures.duplicates += len(same) - 1
+            for t0, t1, _a, pid, ended in same[:-1]:
+                if not (job_id in may_repeat or by_kill(t0, t1, pid, ended) or by_window(t0, t1)):
+                    unexplained.append((job_id, attempt, same))
+        if job_id not in lock_lost:
+            for (a0, a1, *_), (b0, b1, *_) in zip(job_runs, job_runs[1:]):
+                assert b0 >= a1, f"job {job_id} ran twice at once: {job_runs}"
+    figures.unexplained = len(unexplained)
+    assert not unexplained, f"{len(unexplained)} repeated runs not explained by a fault: {unexplained[:5]}"
+
+    # 3. groups: in order, one at a time, every job run
+    group_starts: dict[str, list[int]] = defaultdict(list)
+    group_runs: dict[str, list[tuple[int, int, int, str]]] = defaultdict(list)
+    for st in starts:
+        if st.get("g") is not None:
+            group_starts[st["g"]].append(st["s"])
+    for job_id, job_runs in runs.items():
+        spec = by_id[job_id]
+        if spec.get("g") is not None:
+            group_runs[spec["g"]] += [(t0, t1, spec["s"], job_id) for t0, t1, *_ in job_runs]
+    assert set(group_starts) == set(plan.groups)
+    for g, n in plan.groups.items():
+        order = group_starts[g]
+        collapsed = [s for i, s in enumerate(order) if i == 0 or order[i - 1] != s]
+        assert collapsed == list(range(n)), f"group {g} started out of order: {order}"
+        ordered = sorted(group_runs[g])
+        for (a0, a1, sa, ida), (b0, b1, sb, idb) in zip(ordered, ordered[1:]):
+            if ida not in lock_lost and idb not in lock_lost:
+                assert b0 >= a1, f"group {g}: job {sb} started at {b0} while job {sa} ran until {a1}"
+    return figures
+
+
+# -- worker processes ----------------------------------------------------------------------------
+
+def chaos_worker(redis_url: str, queue_name: str, rec: str, *, concurrency: int = 4, lock_duration: int = 1000,
+                 stalled_interval: int = 500, max_stalled_count: int = 1000, name: Optional[str] = None,
+                 redis_py: bool = False, remove: bool = False, record: bool = True) -> Proc:
+    argv = [sys.executable, "-m", "tests.chaos_worker_proc", redis_url, queue_name, "--rec", rec,
+            "--concurrency", str(concurrency), "--lock-duration", str(lock_duration),
+            "--stalled-interval", str(stalled_interval), "--max-stalled-count", str(max_stalled_count)]
+    if name:
+        argv += ["--name", name]
+    if redis_py:
+        argv.append("--redis-py")
+    if remove:
+        argv.append("--remove")
+    if not record:
+        argv.append("--no-record")
+    return Proc(*argv)
+
+
+def proc_lines(text: str) -> list[dict[str, Any]]:
+    out = []
+    for line in text.splitlines():
+        with contextlib.suppress(ValueError):
+            out.append(json.loads(line))
+    return out
+
+
+async def stdout_of(proc: Proc) -> str:
+    """What a finished Proc printed after its ready line."""
+    task = proc._stdout
+    if task is None:
+        return ""
+    with contextlib.suppress(Exception):
+        return (await asyncio.wait_for(task, 5)).decode(errors="replace")
+    return ""
+
+
+# -- processes: sockets, memory ------------------------------------------------------------------
+
+def rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    return inodes
+
+
+def local_ports(pid: int) -> set[int]:
+    """Local TCP ports of ``pid``'s sockets (from /proc/<pid>/net/tcp and tcp6 by inode)."""
+    inodes = socket_inodes(pid)
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/net/{table}") as f:
+                next(f)
+                for line in f:
+                    parts = line.split()
+                    if parts[9] in inodes:
+                        ports.add(int(parts[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+async def clients_of(client: aioredis.Redis, pid: int) -> list[dict[str, str]]:
+    """The CLIENT LIST entries of ``pid``'s connections (matched by their local port)."""
+    ports = local_ports(pid)
+    out = []
+    for entry in await client.client_list():
+        addr = entry.get("addr", "")
+        if addr.startswith("127.0.0.1:") and int(addr.rsplit(":", 1)[1]) in ports:
+            out.append(entry)
+    return out
+
+
+# -- a Redis we may kill -------------------------------------------------------------------------
+
+class KillableRedis:
+    """A redis-server with AOF (fsync always) that can be SIGKILLed and restarted on its port and dir."""
+
+    def __init__(self, extra_args: tuple[str, ...] = ("--appendonly", "yes", "--appendfsync", "always")) -> None:
+        self.server = RedisServer(extra_args=extra_args)
+        self.dir = self.server.dir
+        self.port = self.server.port
+        self.url = self.server.url
+        self.kills = 0
+
+    def start(self) -> "KillableRedis":
+        self.server.start()
+        return self
+
+    def kill(self) -> None:
+        proc = self.server.proc
+        assert proc is not None and proc.poll() is None
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        self.kills += 1
+
+    def restart(self) -> None:
+        fresh = RedisServer(port=self.port, extra_args=self.server.extra_args)
+        os.rmdir(fresh.dir)
+        fresh.dir = self.dir  # the same AOF
+        deadline = time.monotonic() + 15
+        while True:  # the port may linger a moment
+            try:
+                fresh.start()
+                break
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        self.server = fresh
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+async def poll_until(predicate: Callable[[], Awaitable[bool]], timeout: float, what: str,
+                     progress: Optional[Callable[[], Awaitable[str]]] = None, every: float = 0.1) -> float:
+    start = time.monotonic()
+    while not await predicate():
+        if time.monotonic() - start > timeout:
+            detail = f" ({await progress()})" if progress else ""
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}{detail}")
+        await asyncio.sleep(every)
+    return time.monotonic() - start
+
+
+async def delete_queue_keys(client: aioredis.Redis, pattern: str) -> int:
+    n = 0
+    async for key in client.scan_iter(match=pattern, count=1000):
+        n += int(await client.unlink(key))
+    return n
