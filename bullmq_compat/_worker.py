@@ -57,12 +57,15 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     OSError, ConnectionError, redis_exc.ConnectionError, redis_exc.TimeoutError, asyncio.TimeoutError)
 # Replies of a server that takes no writes for now (a failover, a resync, a cluster change): the
 # command did not run (a script stops at its first write), so it is safely sent again.
+# (redis-py strips the codes it knows from the message and raises its own classes for them)
 TRANSIENT_REPLIES = frozenset({"READONLY", "NOREPLICAS", "MASTERDOWN", "LOADING", "TRYAGAIN", "CLUSTERDOWN"})
+_TRANSIENT_ERRORS = (*CONNECTION_ERRORS, redis_exc.ReadOnlyError, redis_exc.TryAgainError,
+                     redis_exc.ClusterDownError, redis_exc.BusyLoadingError)
 
 
 def _transient(err: BaseException) -> bool:
     """Connection trouble, or a reply of a server that cannot take writes for now."""
-    return isinstance(err, CONNECTION_ERRORS) or (
+    return isinstance(err, _TRANSIENT_ERRORS) or (
         isinstance(err, redis_exc.ResponseError) and str(err).split(" ", 1)[0] in TRANSIENT_REPLIES)
 
 

@@ -146,7 +146,9 @@ const ops = {
     return plain(await queue[method](...args));
   },
   work,
-  // many jobs of many queues (same prefix) in one process: {items: [{queue, id}]} -> [jobJSON | null]
+  // many jobs of many queues (same prefix) in one process: {items: [{queue, id}]} -> {json: text of
+  // [jobJSON | null]}, the text ASCII-only (\\uXXXX escapes): JSON.stringify leaves U+0085, U+2028
+  // and U+2029 raw, which Python's str.splitlines() would take for line ends
   async getJobsMany({ items }, { connection, prefix }) {
     const queues = new Map();
     try {
@@ -155,7 +157,9 @@ const ops = {
         if (!queues.has(name)) queues.set(name, new Queue(name, { connection, prefix, skipMetasUpdate: true }));
         out.push(await jobJSON(await queues.get(name).getJob(id)));
       }
-      return out;
+      const json = JSON.stringify(out).replace(/[\u007f-\uffff]/g,
+        (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
+      return { json };
     } finally {
       await Promise.all([...queues.values()].map((q) => q.close().catch(() => {})));
     }

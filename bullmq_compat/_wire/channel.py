@@ -60,11 +60,14 @@ def _cluster_twin(client: Any, name: Optional[str]) -> Any:
         kwargs["ssl"] = True
     nodes = [ClusterNode(node.host, node.port) for node in (client.get_nodes() or client.startup_nodes)]
     try:
-        # one connection per node: the blocking read reuses the one that loaded the topology, so the
-        # worker is listed once per node in CLIENT LIST (get_workers), as a Node worker is
-        return RedisCluster(startup_nodes=nodes, socket_timeout=None, client_name=name, max_connections=1, **kwargs)
+        twin = RedisCluster(startup_nodes=nodes, socket_timeout=None, max_connections=1, **kwargs)
     except TypeError:  # a redis-py without one of these settings: share the client, as before
         return client
+    # Named are the connections of the nodes the twin discovers, not the one it used to discover
+    # them (which stays open): one named connection per node in CLIENT LIST, as for a Node worker,
+    # so get_workers (ours and Node's) counts the worker once.
+    twin.connection_kwargs["client_name"] = name
+    return twin
 
 
 class Channel:
