@@ -20,6 +20,7 @@ from bullmq_compat._wire.channel import RedisPyChannel
 from tests._cluster import LocalCluster, local_cluster
 from tests.node import NodeProcess, ROOT
 from tests.node_scripts import run_script
+from tests.helpers import wait_until
 
 PREFIX = "{bull}"
 FAST = {"drain_delay": 0.5, "prefix": PREFIX}
@@ -43,19 +44,6 @@ async def client(cluster: LocalCluster) -> AsyncIterator[RedisCluster]:
 @pytest.fixture
 def name() -> str:
     return f"c-{uuid.uuid4().hex[:10]}"
-
-
-async def wait_until(predicate: Any, timeout: float = 10.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 class Recorder:

@@ -106,7 +106,6 @@ PAD = 1024
 
 async def test_long_running_worker_keeps_its_connections_and_memory(redis_url: str, queue_name: str,
                                                                      redis: aioredis.Redis) -> None:
-    total = 20_000 if CHAOS else 5_000
     checkpoints = [1000, 5000] + ([10_000, 20_000] if CHAOS else [])
     rec = f"rec:{queue_name}"
     queue = Queue(queue_name, connection=redis_url)
@@ -142,7 +141,7 @@ async def test_long_running_worker_keeps_its_connections_and_memory(redis_url: s
         with contextlib.suppress(Exception):
             await redis.delete(f"{rec}:done")
     first, last = samples[checkpoints[0]], samples[checkpoints[-1]]
-    report(f"\nlong-running worker: " + "; ".join(
+    report("\nlong-running worker: " + "; ".join(
         f"after {n}: RSS {s['rss_kb']} KB, {s['sockets']} sockets, {len(s['clients'])} Redis clients"
         for n, s in samples.items()))
     report(f"RSS growth {first['rss_kb']} -> {last['rss_kb']} KB: {last['rss_kb'] - first['rss_kb']} KB "

@@ -25,6 +25,7 @@ from redis.asyncio.sentinel import Sentinel
 from bullmq_compat import Queue, RedisUnavailable, Worker
 from bullmq_compat._connection import describe
 from tests._cluster import LocalSentinel, _command, local_sentinel
+from tests.helpers import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -43,19 +44,6 @@ async def master(sentinel_setup: LocalSentinel) -> AsyncIterator[Any]:
         await client.aclose()
         for s in sentinel.sentinels:
             await s.aclose()
-
-
-async def wait_until(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 async def add_retrying(queue: Queue, name: str, data: Any, timeout: float = 20.0) -> Any:
