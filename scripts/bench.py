@@ -85,6 +85,9 @@ class Measurement:
     remove_on_complete: bool = False
     batch: int = 1000
     interval: int = 20
+    groups: int = 0               # jobs spread over this many groups (bullmq-compat only)
+    only: Optional[str] = None    # run this implementation only
+    baseline: Optional[str] = None  # the measurement (same implementation) to give a ratio against
 
     @property
     def is_latency(self) -> bool:
@@ -270,7 +273,7 @@ def run_one(impl: Impl, m: Measurement, server: RedisServer) -> dict[str, Any]:
     flush(server.port)
     args = {"redis": server.url, "queue": f"bench-{m.key}-{uuid.uuid4().hex[:8]}", "op": m.op, "jobs": m.jobs,
             "concurrency": m.concurrency, "removeOnComplete": m.remove_on_complete, "batch": m.batch,
-            "interval": m.interval}
+            "interval": m.interval, "groups": m.groups}
     proc = subprocess.run([*impl.argv, json.dumps(args)], capture_output=True, text=True, timeout=RUN_TIMEOUT,
                           cwd=ROOT)
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
@@ -321,6 +324,11 @@ def measurements(args: argparse.Namespace) -> list[Measurement]:
                 f"process {n_proc:,} pre-loaded no-op jobs, concurrency {c}, "
                 f"{'removeOnComplete' if roc else 'jobs kept'}", "process", n_proc, concurrency=c,
                 remove_on_complete=roc, batch=min(1000, n_proc)))
+    out.append(Measurement(
+        "process-grouped", f"process {n_proc:,} pre-loaded no-op jobs over {max(1, n_proc // 20):,} groups, "
+        f"concurrency 100, jobs kept (bullmq-compat only; ratio against its ungrouped run)", "process", n_proc,
+        concurrency=100, batch=min(1000, n_proc), groups=max(1, n_proc // 20), only="compat",
+        baseline="process-c100"))
     out.append(Measurement("latency", f"latency add -> processing start, idle worker ({n_lat} jobs, 20 ms apart)",
                            "latency", n_lat, interval=20))
     if args.measurements:
@@ -360,6 +368,17 @@ def fmt_range(s: dict[str, float]) -> str:
     return f"{fmt_num(s['median'])} [{fmt_num(s['min'])}-{fmt_num(s['max'])}]"
 
 
+def baseline_ratio(m: Measurement, summary: dict[str, Any]) -> Optional[float]:
+    """Median jobs/s of ``m`` over that of its baseline measurement, for the same implementation."""
+    if not (m.baseline and m.only):
+        return None
+    mine = (summary.get(m.key) or {}).get(m.only)
+    base = (summary.get(m.baseline) or {}).get(m.only)
+    if not mine or not base or not base["jobsPerSec"]["median"]:
+        return None
+    return float(mine["jobsPerSec"]["median"] / base["jobsPerSec"]["median"])
+
+
 def render_table(m: Measurement, impls: list[Impl], summary: dict[str, Any], cells: dict[str, Cell]) -> str:
     node = summary.get("node")
     if m.is_latency:
@@ -371,6 +390,8 @@ def render_table(m: Measurement, impls: list[Impl], summary: dict[str, Any], cel
     rows = []
     for impl in impls:
         s = summary.get(impl.key)
+        if m.only and impl.key != m.only:
+            continue
         if s is None:
             err = cells[impl.key].errors[-1].splitlines()[0][:80] if cells[impl.key].errors else "no runs"
             rows.append([impl.label, f"FAILED: {err}"] + [""] * (len(header) - 2))
@@ -450,6 +471,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             for m in plan:
                 order = impls[r % len(impls):] + impls[:r % len(impls)]
                 for impl in order:
+                    if m.only and impl.key != m.only:
+                        continue
                     cell = cells[m.key][impl.key]
                     try:
                         run = run_one(impl, m, server)
@@ -480,6 +503,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         for m in plan:
             print()
             print(render_table(m, impls, summary[m.key], cells[m.key]))
+            ratio = baseline_ratio(m, summary)
+            if ratio is not None:
+                print(f"   {m.only} here vs its own {m.baseline} run: {ratio:.2f}x")
 
         failed = any(c.errors for per in cells.values() for c in per.values())
         if args.json:

@@ -107,9 +107,12 @@ class Adapter:
     async def close_worker(self) -> None: ...
 
 
-async def preload(adapter: Adapter, jobs: int, batch: int) -> None:
+async def preload(adapter: Adapter, jobs: int, batch: int, groups: int = 0) -> None:
+    """Add the jobs in bulk; with ``groups``, job i belongs to group ``g<i % groups>`` (bullmq-compat only)."""
     for start in range(0, jobs, batch):
-        await adapter.add_bulk([{"name": JOB_NAME, "data": {"i": i}} for i in range(start, min(start + batch, jobs))])
+        await adapter.add_bulk([
+            {"name": JOB_NAME, "data": {"i": i}, **({"opts": {"group": f"g{i % groups}"}} if groups else {})}
+            for i in range(start, min(start + batch, jobs))])
 
 
 async def op_add(args: dict[str, Any], adapter: Adapter, stats: RedisStats, meter: Meter) -> dict[str, Any]:
@@ -132,7 +135,7 @@ async def op_add_bulk(args: dict[str, Any], adapter: Adapter, stats: RedisStats,
 
 async def op_process(args: dict[str, Any], adapter: Adapter, stats: RedisStats, meter: Meter) -> dict[str, Any]:
     jobs = args["jobs"]
-    await preload(adapter, jobs, args.get("batch") or 1000)
+    await preload(adapter, jobs, args.get("batch") or 1000, args.get("groups") or 0)
     all_done = asyncio.get_running_loop().create_future()
     done = 0
 
