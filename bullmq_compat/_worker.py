@@ -17,7 +17,6 @@ import concurrent.futures
 import importlib
 import inspect
 import logging
-import os
 import signal
 import time
 import uuid
@@ -163,7 +162,7 @@ class Worker(QueueBase):
         self.max_started_attempts = max_started_attempts
         self.skip_stalled_check = skip_stalled_check
         self.skip_lock_renewal = skip_lock_renewal
-        self.run_retry_delay = run_retry_delay
+        self.run_retry_delay = run_retry_delay  # accepted as Node's; finishing calls retry with back-off
         self.shutdown_timeout = shutdown_timeout
         self.fast_path = fast_path
         self.telemetry = resolve_telemetry(telemetry)
@@ -211,6 +210,7 @@ class Worker(QueueBase):
         self._paused = False
         self._running = False
         self._closed = asyncio.Event()
+        self._closing_event = asyncio.Event()  # set by close(): wakes every _sleep at once
         self._tasks: list[asyncio.Task[Any]] = []
         self._slots: list[asyncio.Task[Any]] = []
         self._connection_down = False
@@ -257,6 +257,7 @@ class Worker(QueueBase):
             raise InvalidArgument("worker is already running")
         self._running = True
         self.closing = False
+        self._closing_event.clear()
         while True:  # Redis may not be up yet: wait for it (logged once), as Node's worker does
             try:
                 await self._ensure_channel()
@@ -302,6 +303,7 @@ class Worker(QueueBase):
             await self._closed.wait() if self._running else None
             return
         self.closing = True
+        self._closing_event.set()
         self.emit("closing", "closing queue")
         self._wake_all()
         self._waiter_wanted.set()
@@ -446,13 +448,9 @@ class Worker(QueueBase):
         if self.closing or seconds <= 0:
             return
         try:
-            await asyncio.wait_for(self._closed_or_closing(), seconds)
+            await asyncio.wait_for(self._closing_event.wait(), seconds)
         except asyncio.TimeoutError:
             pass
-
-    async def _closed_or_closing(self) -> None:
-        while not self.closing:
-            await asyncio.sleep(0.05)
 
     async def _fetch(self) -> Optional[Job]:
         """One moveToActive for this slot; parks the slot while the queue is drained."""
@@ -733,7 +731,3 @@ class Worker(QueueBase):
 
     def __repr__(self) -> str:
         return f"<Worker {self.name} id={self.id} concurrency={self.concurrency}>"
-
-
-def _default_pool_size() -> int:
-    return os.cpu_count() or 1
