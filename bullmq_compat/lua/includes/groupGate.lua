@@ -43,8 +43,9 @@ local function enqueueReleasedJob(prefix, jobId, q, now, maxEvents, pausedOrMaxe
   if priority > 0 then
     addJobWithPriority(q.marker, q.prioritized, priority, jobId, q.pc, pausedOrMaxed)
   else
-    local opts = cjson.decode(fields[4] or "{}")
-    addJobInTargetList(q.wait, q.marker, opts["lifo"] and "RPUSH" or "LPUSH", pausedOrMaxed, jobId)
+    -- the stored opts are upstream's cjson text: a plain search finds lifo without decoding it all
+    local lifo = fields[4] and string.find(fields[4], '"lifo":true', 1, true)
+    addJobInTargetList(q.wait, q.marker, lifo and "RPUSH" or "LPUSH", pausedOrMaxed, jobId)
   end
   rcall("XADD", q.events, "MAXLEN", "~", maxEvents, "*", "event", "waiting", "jobId", jobId,
     "prev", "waiting-children")
@@ -67,7 +68,8 @@ local function releaseHeldGroupJobs(prefix, gid, q, now, maxEvents)
   if rcall("SISMEMBER", prefix .. "grp:paused", gid) == 0 then
     local limit = groupConcurrency(prefix, gid)
     local pausedOrMaxed = nil
-    while rcall("SCARD", runKey) < limit do
+    local running = rcall("SCARD", runKey)
+    while running < limit do
       local first = rcall("ZRANGE", heldKey, 0, 0)[1]
       if not first then
         break
@@ -79,15 +81,15 @@ local function releaseHeldGroupJobs(prefix, gid, q, now, maxEvents)
       local own, ownerGid = isHeldMember(prefix, gid, jobId, first)
       if own and rcall("ZREM", q.waitingChildren, jobId) == 1 then
         pausedOrMaxed = enqueueReleasedJob(prefix, jobId, q, now, maxEvents, pausedOrMaxed)
-        rcall("SADD", runKey, jobId)
+        running = running + rcall("SADD", runKey, jobId)
         released = released + 1
       elseif own or not ownerGid then
         rcall("HDEL", prefix .. "grp:jobs", jobId)
       end
     end
   end
-  if rcall("SCARD", runKey) == 0 and rcall("ZCARD", heldKey) == 0 then
-    rcall("SREM", prefix .. "grp:index", gid)
+  if released == 0 and rcall("SCARD", runKey) == 0 and rcall("ZCARD", heldKey) == 0 then
+    rcall("SREM", prefix .. "grp:index", gid)  -- (a group that released a job is still in use)
   end
   return released
 end
@@ -99,8 +101,8 @@ local function freeGroupSlot(prefix, gid, jobId, q)
     return false
   end
   -- gone, or its id reused by a job that is not this group's
-  local finished = rcall("HGET", prefix .. jobId, "gid") ~= gid
-    or rcall("ZSCORE", q.completed, jobId)
+  local finished = rcall("ZSCORE", q.completed, jobId)
+    or rcall("HGET", prefix .. jobId, "gid") ~= gid
     or rcall("ZSCORE", q.failed, jobId)
   if not finished then
     return false -- retrying, backing off or stalled: still the group's current job
