@@ -27,7 +27,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, O
 import redis.asyncio as aioredis
 
 from bullmq_compat import Queue, Worker
-from tests.node import INTEROP, NodeProcess
+from tests.node import stop_process, INTEROP, NodeProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -264,15 +264,7 @@ class Proc:
         proc = self.proc
         if proc is None:
             return
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), 10)
-            except asyncio.TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                await proc.wait()
+        await stop_process(proc, 10)
         for task in (self._stdout, self._stderr):
             if task is not None:
                 with contextlib.suppress(Exception):

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Iterator
 
 
 async def wait_until(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "condition",
@@ -62,3 +63,34 @@ async def a_queue(name: str, url: str) -> AsyncIterator[Any]:
         yield queue
     finally:
         await queue.close()
+
+
+class Records(logging.Handler):
+    """Keeps every log record it handles."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def lines(self, since: float = 0.0) -> list[str]:
+        """INFO and above since ``since`` (a time.time()), as "logger: message"."""
+        return [f"{r.name}: {r.getMessage()}" for r in self.records
+                if r.levelno >= logging.INFO and r.created >= since]
+
+
+@contextlib.contextmanager
+def captured_logs(name: str = "bullmq_compat") -> Iterator[Records]:
+    """Every record of the ``name`` logger (at DEBUG) while the block runs."""
+    records = Records()
+    log = logging.getLogger(name)
+    old = log.level
+    log.addHandler(records)
+    log.setLevel(logging.DEBUG)
+    try:
+        yield records
+    finally:
+        log.removeHandler(records)
+        log.setLevel(old)

@@ -82,32 +82,50 @@ def _last_json_line(stdout: str, stderr: str) -> Any:
         raise NodeError(f"node printed a line that is not JSON: {lines[-1]!r}", None, stderr) from exc
 
 
+async def run_node(argv: Sequence[str], *, label: str, budget: float, stdin: bytes | None = None) -> Any:
+    """Run ``node <argv>`` and return the JSON of its last stdout line; `NodeError` when it fails or
+    overruns ``budget`` seconds (the process is never left behind)."""
+    proc = await asyncio.create_subprocess_exec(
+        _node_binary(), *argv, cwd=str(ROOT),
+        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(stdin), budget)
+    except BaseException as exc:  # timed out, or the test was cancelled: never leave node behind
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        if isinstance(exc, asyncio.TimeoutError):
+            raise NodeError(f"{label} did not finish within {budget:.0f}s") from None
+        raise
+    stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
+    if proc.returncode != 0:
+        raise _error_from(stdout, stderr, proc.returncode)
+    return _last_json_line(stdout, stderr)
+
+
 async def node(op: str, **args: Any) -> Any:
     """Run ``node interop/cli.js <op> <json(args)>`` and return its parsed JSON result.
 
     ``args`` are the JSON fields of the command (``redis``, ``queue``, ``prefix``, ...).
     Raises :class:`NodeError` when the command fails.
     """
-    binary = _node_binary()
-    proc = await asyncio.create_subprocess_exec(
-        binary, str(CLI), op, json.dumps(args),
-        cwd=str(ROOT), stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )
     budget = float(args.get("timeoutMs", 30000)) / 1000 + _SLACK_S
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), budget)
-    except BaseException as exc:  # timed out, or the test was cancelled: never leave node behind
+    return await run_node([str(CLI), op, json.dumps(args)], label=f"cli.js {op}", budget=budget)
+
+
+async def stop_process(proc: asyncio.subprocess.Process, timeout: float) -> None:
+    """SIGTERM, then SIGKILL after ``timeout`` seconds; returns once the process is gone."""
+    if proc.returncode is None:
         with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
-        if isinstance(exc, asyncio.TimeoutError):
-            raise NodeError(f"cli.js {op} did not finish within {budget:.0f}s") from None
-        raise
-    stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
-    if proc.returncode != 0:
-        raise _error_from(stdout, stderr, proc.returncode)
-    return _last_json_line(stdout, stderr)
+            proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), timeout)
+        except asyncio.TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
 
 
 class NodeProcess:
@@ -236,15 +254,7 @@ class NodeProcess:
         proc = self.proc
         if proc is None:
             return
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), self.stop_timeout)
-            except asyncio.TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                await proc.wait()
+        await stop_process(proc, self.stop_timeout)
         await self._finish_stderr()
 
     async def __aexit__(self, *exc: object) -> None:

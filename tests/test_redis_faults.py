@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from typing import Any, AsyncIterator
 
@@ -34,6 +33,7 @@ from tests.chaos_helpers import (
 )
 from tests.chaos_worker_proc import make_handler
 from tests._redis_server import RedisServer
+from tests.helpers import captured_logs
 
 LOCK_MS = 1000
 STALLED_MS = 500
@@ -44,33 +44,6 @@ def lock_lost_or_connection(err: BaseException) -> bool:
     the stale finish of the first run, refused) or the connection trouble itself."""
     return isinstance(err, (JobLockNotFound, JobLockMismatch, *CONNECTION_ERRORS)) \
         or "could not renew lock" in str(err)
-
-
-class Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-    def lines(self, since: float = 0.0) -> list[str]:
-        return [f"{r.name}: {r.getMessage()}" for r in self.records
-                if r.levelno >= logging.INFO and r.created >= since]
-
-
-@contextlib.contextmanager
-def captured_logs() -> Any:
-    records = Records()
-    log = logging.getLogger("bullmq_compat")
-    old = log.level
-    log.addHandler(records)
-    log.setLevel(logging.DEBUG)
-    try:
-        yield records
-    finally:
-        log.removeHandler(records)
-        log.setLevel(old)
 
 
 class Rig:

@@ -21,7 +21,7 @@ from typing import Any, Optional
 import pytest
 
 from bullmq_compat import Queue, Worker
-from tests.helpers import a_queue, running, wait_until
+from tests.helpers import Records, a_queue, running, wait_until
 from tests._redis_server import RedisServer
 from tests.node import node
 
@@ -232,14 +232,6 @@ async def test_sigterm_finishes_the_running_job_then_exits(redis_url: str, queue
 
 
 # -- Redis going away --------------------------------------------------------------------------
-
-class Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
 
 
 @pytest.mark.parametrize("fast_path", [True, False], ids=["fast-path", "redis-py"])
