@@ -114,6 +114,30 @@ def test_unknown_path_mapping_is_refused(tmp_path: Path) -> None:
         ScriptBuilder().build(tmp_path / "mine-0.lua")
 
 
+def test_function_directive_embeds_a_whole_script_built_on_its_own(tmp_path: Path) -> None:
+    """``--- @function name "ref"`` puts the script as built alone (its includes expanded in its own
+    scope, even ones the outer script also includes) as the body of a function of KEYS and ARGV."""
+    _write(tmp_path, {
+        "lib/inc/h.lua": "local function h() return 3 end\n",
+        "lib/up-1.lua": "--- @include \"inc/h\"\nreturn h() + KEYS[1]\n",
+        "own/mine-1.lua": "--- @function up \"<lib>/up-1\"\n--- @include \"<lib>/inc/h\"\nreturn up(KEYS, ARGV) + h()\n",
+    })
+    builder = ScriptBuilder({"lib": tmp_path / "lib"})
+    alone = builder.build(tmp_path / "lib/up-1.lua").lua
+    script = builder.build(tmp_path / "own/mine-1.lua")
+    assert script.lua == (
+        "local function up(KEYS, ARGV)\n" + alone + "end\n"
+        "local function h() return 3 end\n"
+        "return up(KEYS, ARGV) + h()\n"
+    )
+
+
+def test_function_directive_naming_a_missing_script_is_refused(tmp_path: Path) -> None:
+    _write(tmp_path, {"mine-0.lua": "--- @function up \"gone-1\"\nreturn up(KEYS, ARGV)\n"})
+    with pytest.raises(LuaIncludeError, match=r'script not found: "gone-1"'):
+        ScriptBuilder().build(tmp_path / "mine-0.lua")
+
+
 def test_own_lua_composes_with_upstream_includes(monkeypatch: pytest.MonkeyPatch, no_script_caches: None) -> None:
     monkeypatch.setattr(lua, "OWN_LUA_DIR", FIXTURES)
     script = own_script("pausedAndNextDelayed-2.lua")

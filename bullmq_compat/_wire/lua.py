@@ -13,6 +13,11 @@ implementation of upstream's rules:
   place of its first include, and every other include of it is dropped;
 * finally all empty lines are removed.
 
+One addition of ours, never found in upstream files: ``--- @function name "<upstream>/x-N"`` puts
+the whole upstream script ``x-N`` there, built exactly as it is loaded on its own, as the body of
+``local function name(KEYS, ARGV)``. A script of ours can then run an upstream command unchanged
+and do more in the same call (the group layer finishes a job and releases its group's next one).
+
 Upstream's glob includes (``@include "includes/*"``) are not supported: no upstream script uses one.
 """
 from __future__ import annotations
@@ -57,6 +62,9 @@ _INCLUDE_RE = re.compile(
 )
 # JS: /^\s*[\r\n]/gm
 _EMPTY_LINE_RE = re.compile(rf"{_JS_BOL}{_JS_SPACE}*[\r\n]")
+
+# ours: --- @function name "reference" (a whole script as a local function of KEYS and ARGV)
+_FUNCTION_RE = re.compile(r"""^---[ \t]*@function[ \t]+([A-Za-z_][A-Za-z0-9_]*)[ \t]+(["'])(.+?)\2[ \t]*$""", re.M)
 
 _SCRIPT_NAME_RE = re.compile(r"([A-Za-z0-9_]+)-(\d+)\.lua\Z")
 
@@ -164,8 +172,8 @@ class ScriptBuilder:
             raise LuaIncludeError(f"Lua file not found: {path}") from None
 
         stack.append(path)
-        source = _Source(path=path, token=_token(path), text=original, includes=[])
-        text = original
+        text = self._embed_functions(original, path, stack)
+        source = _Source(path=path, token=_token(path), text=text, includes=[])
         # Like upstream, search again from the top after each substitution, and substitute the
         # first occurrence of the matched text (str.replace with count=1 == JS String.replace).
         while (m := _INCLUDE_RE.search(text)) is not None:
@@ -183,6 +191,21 @@ class ScriptBuilder:
         source.text = text
         self._parsed[path] = source
         return source
+
+    def _embed_functions(self, text: str, path: str, stack: list[str]) -> str:
+        """Replace each ``--- @function name "reference"`` line by the built script as a function."""
+        def embed(m: re.Match[str]) -> str:
+            reference = m.group(3)
+            child_path = self._resolve(reference, path)
+            where = f"{path}:{_line_of(text, m.group(0))}"
+            if child_path in stack:
+                raise LuaIncludeError(f"include cycle: {' -> '.join([*stack, child_path])}")
+            if not os.path.isfile(child_path):
+                raise LuaIncludeError(f'script not found: "{reference}" (looked for {child_path}) in {where}')
+            body = self.build(child_path).lua
+            return f"local function {m.group(1)}(KEYS, ARGV)\n{body}\nend"
+
+        return _FUNCTION_RE.sub(embed, text)
 
 
 def _interpolate(source: _Source, processed: set[str]) -> str:
@@ -225,4 +248,11 @@ def own_builder() -> ScriptBuilder:
 
 def own_script(filename: str) -> Script:
     """Build one of our own scripts, ``bullmq_compat/lua/<name>-<numkeys>.lua`` (cached)."""
-    return own_builder().build(OWN_LUA_DIR / filename)
+    return _own_script(own_builder(), OWN_LUA_DIR, filename)
+
+
+@functools.cache
+def _own_script(builder: ScriptBuilder, directory: Path, filename: str) -> Script:
+    # keyed by builder and directory too, so that a new builder (or a test's directory) is seen;
+    # spares the hot paths (a group job's finish) building a path on every call
+    return builder.build(directory / filename)
