@@ -3,8 +3,9 @@
 Jobs of a group wait behind a gate our scripts own (``bullmq_compat/lua/``): only the head of
 each group is visible to workers, whichever language they are written in. The rest are held,
 and listed in upstream's ``waiting-children`` set so Bull-Board and ``getJobCounts`` show them.
-Whoever finishes a group job releases the next: a bullmq-compat worker pipelines the release
-right after its own moveToFinished; jobs finished by Node workers are released by a
+Whoever finishes a group job releases the next: a bullmq-compat worker finishes group jobs through
+our moveToFinishedGroup script (upstream's moveToFinished, unchanged, then the release, in one
+call); jobs finished by Node workers are released by a
 `GroupKeeper` that follows the queue's events stream and sweeps the group index. Release is
 idempotent, and safety never depends on the keeper: without one, held jobs only wait longer.
 """

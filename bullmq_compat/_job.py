@@ -35,6 +35,18 @@ def _int(raw: Mapping[str, str], field: str, default: Optional[int] = 0) -> Opti
             return default
 
 
+def _group_id(value: Any) -> Optional[str]:
+    """A group id as the gate stores it (a non-empty str Redis can take back), else None: a corrupt
+    or foreign hash's value must not make its job unfinishable."""
+    if type(value) is not str or not value:
+        return None
+    try:
+        value.encode()
+    except UnicodeEncodeError:  # undecodable bytes read back as surrogates
+        return None
+    return value
+
+
 def _json(text: Optional[str], default: Any) -> Any:
     if text is None:
         return default
@@ -77,8 +89,8 @@ class Job(FlowJobMixin):
         self.deduplication_id: Optional[str] = None
         self.processed_by: Optional[str] = None
         #: the group (per-group FIFO) this job belongs to, or None
-        self.group_id: Optional[str] = (self.opts.get("group") or {}).get("id") if isinstance(
-            self.opts.get("group"), dict) else None
+        group = self.opts.get("group")
+        self.group_id: Optional[str] = _group_id(group.get("id")) if isinstance(group, dict) else None
         self.token: Optional[str] = None
         #: why the stored hash could not be read as a job (foreign or corrupt payload), else None
         self.parse_error: Optional[str] = None
@@ -134,7 +146,7 @@ class Job(FlowJobMixin):
         job.repeat_job_key = raw.get("rjk")
         job.deduplication_id = raw.get("deid")
         job.processed_by = raw.get("pb")
-        job.group_id = raw.get("gid") or job.group_id
+        job.group_id = _group_id(raw.get("gid")) or job.group_id
         job.deferred_failure = raw.get("defa") or None
         job.parse_error = "; ".join(problems) or None
         return job
@@ -275,14 +287,8 @@ class Job(FlowJobMixin):
         return await self.queue.get_job_logs(str(self.id), start, end, asc)
 
     # -- finishing (what a worker does; also usable by hand with a token) --------------------------
-    async def _finish(self, call: Any, command: str, release_group: bool = False) -> Any:
-        if release_group and self.group_id is not None:
-            # the group's next job is released in the same round trip, right after this one finishes
-            from bullmq_compat._groups import release_call
-
-            reply = (await self.queue.finish_calls([call, release_call(self.queue.keys, str(self.id))]))[0]
-        else:
-            reply = await self.queue.finish_call(call)
+    async def _finish(self, call: Any, command: str) -> Any:
+        reply = await self.queue.finish_call(call)
         if isinstance(reply, int) and reply < 0:
             raise script_error(reply, job_id=str(self.id), command=command, state="active")
         return reply
@@ -293,8 +299,8 @@ class Job(FlowJobMixin):
         value = codec.dumps(return_value, what="return value")
         now = int(time.time() * 1000)
         reply = await self._finish(self.queue.worker_calls().move_to_finished(
-            str(self.id), self.opts, "completed", value, token, now, fetch_next), "moveToFinished",
-            release_group=True)
+            str(self.id), self.opts, "completed", value, token, now, fetch_next, group_id=self.group_id),
+            "moveToFinished")
         self.returnvalue = return_value
         self.finished_on = now
         self.attempts_made += 1
@@ -336,8 +342,8 @@ class Job(FlowJobMixin):
             await self._finish(calls.retry_job(job_id, bool(self.opts.get("lifo")), token, now, fields), "retryJob")
         else:
             reply = await self._finish(calls.move_to_finished(
-                job_id, self.opts, "failed", reason, token, now, fetch_next, fields), "moveToFinished",
-                release_group=True)
+                job_id, self.opts, "failed", reason, token, now, fetch_next, fields, group_id=self.group_id),
+                "moveToFinished")
             self.finished_on = now
         self.failed_reason = reason
         self.attempts_made += 1

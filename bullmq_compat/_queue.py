@@ -99,15 +99,6 @@ class QueueBase(EventEmitter):
         script, keys, args = call
         return await self.runner.call(script, keys, args)
 
-    async def finish_calls(self, calls: list[Any]) -> list[Any]:
-        """Several worker-side calls, run by Redis in this order, in one round trip."""
-        await self.wait_until_ready()
-        results = await self.runner.call_many(calls)
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
-        return results
-
     def worker_calls(self) -> "WorkerCalls":
         """Builders of worker-side script calls, with this queue's worker options (defaults here)."""
         if self._worker_calls is None:

@@ -621,19 +621,6 @@ class Worker(QueueBase):
                     raise
                 await asyncio.sleep(self._connection_trouble(err))
 
-    async def finish_calls(self, calls: list[Any]) -> list[Any]:
-        """Several finishing calls in one write, run by Redis in order (retried like `finish_call`)."""
-        channel = await self._ensure_channel()
-        while True:
-            try:
-                replies = await channel.call_many(calls)
-                self._connection_ok()
-                return replies
-            except Exception as err:
-                if self._closed.is_set() or not _transient(err):
-                    raise
-                await asyncio.sleep(self._connection_trouble(err))
-
     def _fetch_next(self) -> bool:
         return not (self.closing or self._paused)
 

@@ -21,6 +21,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from bullmq_compat import InvalidArgument, InvalidJobOptions, Queue, Worker
+from bullmq_compat._errors import JobLockMismatch
 from bullmq_compat._groups import GroupJobRefused, GroupKeeper
 from tests._redis_server import RedisServer
 from tests.group_helpers import (
@@ -216,6 +217,67 @@ async def test_a_running_job_cannot_be_removed_and_a_finished_one_can(
 
 async def _llen_at_least(redis: aioredis.Redis, key: str, n: int) -> bool:
     return int(await redis.llen(key)) >= n
+
+
+async def test_finishing_a_group_job_releases_the_next_in_the_same_call_and_a_refused_finish_does_not(
+        redis_url: str, queue_name: str) -> None:
+    """A worker finishes a group job and releases its group's next job in one script call, with no
+    keeper at all; a finish that upstream refuses (the lock is someone else's) keeps the slot."""
+    async with a_queue(queue_name, redis_url) as queue:
+        first = await queue.add("f", {}, group="G")
+        second = await queue.add("f", {}, group="G")
+        worker = Worker(queue_name, connection=redis_url, group_keeper=False)
+        try:
+            job = await worker.get_next_job("tok")
+            assert job is not None and job.id == first.id
+            with pytest.raises(JobLockMismatch):
+                await job.move_to_completed(None, "someone-else")
+            assert await queue.get_job_state(first.id) == "active"
+            assert await queue.get_job_state(second.id) == "waiting-children"
+
+            reply = await job.move_to_completed({"ok": 1}, "tok", fetch_next=True)
+            assert await queue.get_job_state(first.id) == "completed"
+            # the next job was released after the finish, so the finish's own fetch did not see it
+            assert reply in (0, None) or not reply[0]
+            assert await queue.get_job_state(second.id) == "waiting"
+            assert (await queue.get_job(first.id)).returnvalue == {"ok": 1}
+
+            job = await worker.get_next_job("tok2")
+            assert job is not None and job.id == second.id
+            await job.move_to_failed(RuntimeError("for good"), "tok2")
+            assert await queue.get_job_state(second.id) == "failed"
+            assert await queue.get_groups() == []
+        finally:
+            await worker.close()
+
+
+async def test_jobs_with_corrupt_or_foreign_group_fields_still_finish(redis_url: str, queue_name: str) -> None:
+    """A hash not written by our gate (BullMQ Pro's opts.group, a junk gid) finishes like a plain job."""
+    client = aioredis.Redis.from_url(redis_url)  # bytes in, bytes out: the gid may be undecodable
+    hashes = {
+        "pro": {"opts": json.dumps({"group": {"id": "user:1"}})},
+        "list-id": {"opts": json.dumps({"group": {"id": []}})},
+        "junk-gid": {"opts": "{}", "gid": b"\xff\xfe"},
+        "ungated-gid": {"opts": "{}", "gid": "G"},
+    }
+    try:
+        for job_id, fields in hashes.items():
+            await client.hset(f"bull:{queue_name}:{job_id}",
+                              mapping={"name": "n", "data": "{}", "timestamp": now_ms(), **fields})
+            await client.lpush(f"bull:{queue_name}:wait", job_id)
+        async with a_queue(queue_name, redis_url) as queue:
+            worker = Worker(queue_name, connection=redis_url, group_keeper=False)
+            try:
+                for _ in hashes:
+                    job = await worker.get_next_job("tok")
+                    assert job is not None
+                    await job.move_to_completed("done", "tok")
+                assert {job_id: await queue.get_job_state(job_id) for job_id in hashes} == dict.fromkeys(
+                    hashes, "completed")
+            finally:
+                await worker.close()
+    finally:
+        await client.aclose()
 
 
 async def test_reusing_the_custom_id_of_a_finished_unreleased_job_does_not_wedge_its_group(

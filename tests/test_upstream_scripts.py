@@ -138,6 +138,12 @@ def test_function_directive_naming_a_missing_script_is_refused(tmp_path: Path) -
         ScriptBuilder().build(tmp_path / "mine-0.lua")
 
 
+def test_group_finish_script_runs_upstream_move_to_finished_unchanged() -> None:
+    """Our moveToFinishedGroup embeds upstream's moveToFinished byte for byte."""
+    ours = own_script("moveToFinishedGroup-15.lua").lua
+    assert "local function moveToFinished(KEYS, ARGV)\n" + upstream_scripts()["moveToFinished"].lua + "end" in ours
+
+
 def test_own_lua_composes_with_upstream_includes(monkeypatch: pytest.MonkeyPatch, no_script_caches: None) -> None:
     monkeypatch.setattr(lua, "OWN_LUA_DIR", FIXTURES)
     script = own_script("pausedAndNextDelayed-2.lua")

@@ -44,7 +44,7 @@ class ScriptRunner:
         if not calls:
             return []
         # Load missing scripts first: an EVAL re-sent after NOSCRIPT would run after the calls
-        # behind it in the pipeline, out of order (add_bulk's ids, a group release before its finish).
+        # behind it in the pipeline, out of order (add_bulk's ids, for one).
         new = {script.sha: script for script, _, _ in calls if script.sha not in self._loaded}
         if new:
             for (sha, script), present in zip(new.items(), await self.client.script_exists(*new)):

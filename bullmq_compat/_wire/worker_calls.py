@@ -10,7 +10,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from bullmq_compat._wire import codec
 from bullmq_compat._wire.keys import QueueKeys
-from bullmq_compat._wire.lua import Script, upstream_scripts
+from bullmq_compat._wire.lua import Script, own_script, upstream_scripts
 
 Call = tuple[Script, list[Any], list[Any]]
 
@@ -88,9 +88,12 @@ class WorkerCalls:
         return self._move_to_active, self._active_keys, [self.keys.prefix_key, now, self.opts.fetch_opts(token)]
 
     def move_to_finished(self, job_id: str, job_opts: Mapping[str, Any], target: str, value: str, token: str,
-                         now: int, fetch_next: bool, fields_to_update: Optional[Mapping[str, Any]] = None
-                         ) -> Call:
-        """``target`` is 'completed' (value = JSON text) or 'failed' (value = the failed reason)."""
+                         now: int, fetch_next: bool, fields_to_update: Optional[Mapping[str, Any]] = None,
+                         group_id: Optional[str] = None) -> Call:
+        """``target`` is 'completed' (value = JSON text) or 'failed' (value = the failed reason).
+
+        A group job (``group_id``) finishes through our moveToFinishedGroup script: upstream's
+        moveToFinished unchanged, then its group's next job released, in the same call."""
         completed = target == "completed"
         tail_set, metrics, marker = self._completed_tail if completed else self._failed_tail
         worker_keep = self.opts.remove_on_complete if completed else self.opts.remove_on_fail
@@ -105,11 +108,14 @@ class WorkerCalls:
             "rdof": bool(job_opts.get("remove_dependency_on_failure")),
         })
         keys = [*self._finished_head, tail_set, self.keys.job(job_id), metrics, marker]
-        return self._move_to_finished, keys, [
-            job_id, now, "returnvalue" if completed else "failedReason", value, target,
-            1 if fetch_next else 0, self.keys.prefix_key, packed,
-            codec.pack(codec.dict_to_flat(fields_to_update)) if fields_to_update else "",
-        ]
+        args = [job_id, now, "returnvalue" if completed else "failedReason", value, target,
+                1 if fetch_next else 0, self.keys.prefix_key, packed,
+                codec.pack(codec.dict_to_flat(fields_to_update)) if fields_to_update else ""]
+        if group_id is None:
+            return self._move_to_finished, keys, args
+        keys.append(self.keys.waiting_children)
+        args.append(group_id)
+        return own_script("moveToFinishedGroup-15.lua"), keys, args
 
     def move_to_delayed(self, job_id: str, now: int, delay: int, token: str, *, skip_attempt: bool = False,
                         fields_to_update: Optional[Mapping[str, Any]] = None, fetch_next: bool = False) -> Call:

@@ -23,7 +23,6 @@
 local rcall = redis.call
 local q = nil
 
---- @include "<upstream>/includes/getOrSetMaxEvents"
 --- @include "<upstream>/includes/storeJob"
 --- @include "includes/groupGate"
 

@@ -22,7 +22,6 @@
 local rcall = redis.call
 local q = nil
 
---- @include "<upstream>/includes/getOrSetMaxEvents"
 --- @include "<upstream>/includes/removeJob"
 --- @include "includes/groupGate"
 
@@ -75,8 +74,9 @@ elseif op == "delete" then
   local removed = 0
   for _, member in ipairs(rcall("ZRANGE", heldKey, 0, -1)) do
     local jobId = string.sub(member, GROUP_SEQ_DIGITS + 1)
-    local own, ownerGid = isHeldMember(prefix, gid, jobId, member)
-    if own or not ownerGid then -- else: a removed job's id, reused by a newer job: not ours
+    local fields = heldJobFields(prefix, jobId)
+    local own = isOwnHeldJob(fields, gid, member)
+    if own or not fields[1] then -- else: a removed job's id, reused by a newer job: not ours
       rcall("HDEL", prefix .. "grp:jobs", jobId)
     end
     if own and rcall("ZREM", q.waitingChildren, jobId) == 1 then

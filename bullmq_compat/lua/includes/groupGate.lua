@@ -18,6 +18,7 @@
 --- @include "<upstream>/includes/addDelayedJob"
 --- @include "<upstream>/includes/addJobInTargetList"
 --- @include "<upstream>/includes/addJobWithPriority"
+--- @include "<upstream>/includes/getOrSetMaxEvents"
 --- @include "<upstream>/includes/isQueuePausedOrMaxed"
 
 local GROUP_SEQ_DIGITS = 15
@@ -27,12 +28,24 @@ local function groupConcurrency(prefix, gid)
   return tonumber(conc[1]) or tonumber(conc[2]) or 1
 end
 
+-- The job hash fields the gate reads of a held job, in one HMGET: {gid, gseq, timestamp, delay,
+-- priority, opts}.
+local function heldJobFields(prefix, jobId)
+  return rcall("HMGET", prefix .. jobId, "gid", "gseq", "timestamp", "delay", "priority", "opts")
+end
+
+-- Is the held-zset member `member` of group `gid` still the job its id names (fields as read by
+-- heldJobFields)? A custom id may have been reused (by this or another group) after the held job
+-- was removed.
+local function isOwnHeldJob(fields, gid, member)
+  return fields[1] == gid and (not fields[2] or fields[2] == string.sub(member, 1, GROUP_SEQ_DIGITS))
+end
+
 -- Enqueue a job that was held: exactly as upstream adds it (delayed, prioritized or waiting).
-local function enqueueReleasedJob(prefix, jobId, q, now, maxEvents, pausedOrMaxed)
-  local fields = rcall("HMGET", prefix .. jobId, "timestamp", "delay", "priority", "opts")
-  local timestamp = tonumber(fields[1]) or now
-  local delay = tonumber(fields[2]) or 0
-  local priority = tonumber(fields[3]) or 0
+local function enqueueReleasedJob(jobId, fields, q, now, maxEvents, pausedOrMaxed)
+  local timestamp = tonumber(fields[3]) or now
+  local delay = tonumber(fields[4]) or 0
+  local priority = tonumber(fields[5]) or 0
   if delay > 0 and timestamp + delay > now then
     addDelayedJob(jobId, q.delayed, q.events, timestamp, maxEvents, q.marker, delay)
     return pausedOrMaxed
@@ -44,7 +57,7 @@ local function enqueueReleasedJob(prefix, jobId, q, now, maxEvents, pausedOrMaxe
     addJobWithPriority(q.marker, q.prioritized, priority, jobId, q.pc, pausedOrMaxed)
   else
     -- the stored opts are upstream's cjson text: a plain search finds lifo without decoding it all
-    local lifo = fields[4] and string.find(fields[4], '"lifo":true', 1, true)
+    local lifo = fields[6] and string.find(fields[6], '"lifo":true', 1, true)
     addJobInTargetList(q.wait, q.marker, lifo and "RPUSH" or "LPUSH", pausedOrMaxed, jobId)
   end
   rcall("XADD", q.events, "MAXLEN", "~", maxEvents, "*", "event", "waiting", "jobId", jobId,
@@ -52,15 +65,8 @@ local function enqueueReleasedJob(prefix, jobId, q, now, maxEvents, pausedOrMaxe
   return pausedOrMaxed
 end
 
--- Is the held-zset member `member` of group `gid` still the job its id names? A custom id may
--- have been reused (by this or another group) after the held job was removed.
-local function isHeldMember(prefix, gid, jobId, member)
-  local fields = rcall("HMGET", prefix .. jobId, "gid", "gseq")
-  return fields[1] == gid and (not fields[2] or fields[2] == string.sub(member, 1, GROUP_SEQ_DIGITS)),
-    fields[1]
-end
-
 -- Release held jobs of a group while it has free slots; returns how many were released.
+-- maxEvents may be nil: it is then read only if a job is released.
 local function releaseHeldGroupJobs(prefix, gid, q, now, maxEvents)
   local heldKey = prefix .. "grp:held:" .. gid
   local runKey = prefix .. "grp:run:" .. gid
@@ -70,20 +76,21 @@ local function releaseHeldGroupJobs(prefix, gid, q, now, maxEvents)
     local pausedOrMaxed = nil
     local running = rcall("SCARD", runKey)
     while running < limit do
-      local first = rcall("ZRANGE", heldKey, 0, 0)[1]
+      local first = rcall("ZPOPMIN", heldKey)[1]
       if not first then
         break
       end
-      rcall("ZREM", heldKey, first)
       local jobId = string.sub(first, GROUP_SEQ_DIGITS + 1)
       -- a held job removed meanwhile (Bull-Board, Node job.remove()) has left waiting-children;
       -- its id may even name a newer job by now, whose bookkeeping is left alone
-      local own, ownerGid = isHeldMember(prefix, gid, jobId, first)
+      local fields = heldJobFields(prefix, jobId)
+      local own = isOwnHeldJob(fields, gid, first)
       if own and rcall("ZREM", q.waitingChildren, jobId) == 1 then
-        pausedOrMaxed = enqueueReleasedJob(prefix, jobId, q, now, maxEvents, pausedOrMaxed)
+        maxEvents = maxEvents or getOrSetMaxEvents(q.meta)
+        pausedOrMaxed = enqueueReleasedJob(jobId, fields, q, now, maxEvents, pausedOrMaxed)
         running = running + rcall("SADD", runKey, jobId)
         released = released + 1
-      elseif own or not ownerGid then
+      elseif own or not fields[1] then
         rcall("HDEL", prefix .. "grp:jobs", jobId)
       end
     end
