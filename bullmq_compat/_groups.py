@@ -109,6 +109,9 @@ class GroupKeeper:
     """
 
     FINISH_EVENTS = frozenset({"completed", "failed", "removed"})
+    #: a sweep costs Redis about 10 commands per group: after one that took d seconds, no keeper of
+    #: the queue sweeps again for SWEEP_DUTY_FACTOR * d (so sweeping takes at most ~5% of Redis)
+    SWEEP_DUTY_FACTOR = 20
 
     def __init__(self, queue_name: str, connection: "Connection" = None, *, prefix: str = "bull",
                  sweep_interval: float = 5.0, block_ms: int = 5000, follow_stream: bool = True) -> None:
@@ -122,6 +125,7 @@ class GroupKeeper:
         self._blocking: Any = None
         self._task: Optional[asyncio.Task[None]] = None
         self.released = 0
+        self.sweeps = 0
 
     @classmethod
     def for_queue(cls, queue: Any, *, sweep_interval: float = 5.0, follow_stream: bool = True) -> "GroupKeeper":
@@ -135,6 +139,7 @@ class GroupKeeper:
         keeper._blocking = None
         keeper._task = None
         keeper.released = 0
+        keeper.sweeps = 0
         return keeper
 
     async def sweep(self) -> int:
@@ -149,7 +154,28 @@ class GroupKeeper:
             if cursor == "0":
                 break
         self.released += total
+        self.sweeps += 1
         return total
+
+    async def sweep_if_due(self) -> Optional[int]:
+        """Sweep unless another keeper of this queue (every Worker runs one) swept within the last
+        ``sweep_interval``: the keepers share a lease in Redis, so the queue is swept about once per
+        interval however many keepers run. Returns how many jobs were released, or None when not due."""
+        queue = self._queue
+        await queue.wait_until_ready()
+        base = queue.keys.prefix_key
+        if not await queue.client.exists(base + "grp:index"):
+            return 0  # no groups: nothing to sweep (and no lease written on queues without groups)
+        interval_ms = max(1, int(self.sweep_interval * 1000))
+        lease = base + "grp:sweep"
+        if not await queue.client.set(lease, "1", nx=True, px=interval_ms):
+            return None
+        started = time.monotonic()
+        released = await self.sweep()
+        quiet_ms = int((time.monotonic() - started) * 1000 * self.SWEEP_DUTY_FACTOR)
+        if quiet_ms > interval_ms:  # a big index: space sweeps out so they stay a small share of Redis
+            await queue.client.pexpire(lease, quiet_ms)
+        return released
 
     async def release(self, job_ids: Sequence[str]) -> int:
         """Free the group slots of these finished jobs and release their groups' next jobs."""
@@ -191,7 +217,8 @@ class GroupKeeper:
                     newest = await self._blocking.xrevrange(queue.keys.events, count=1)
                     last_id = codec.to_str(newest[0][0]) if newest else "0-0"
                 if time.monotonic() >= next_sweep:
-                    await self.sweep()
+                    # the first sweep is this keeper's own: its stream reading starts there
+                    await (self.sweep() if next_sweep == 0.0 else self.sweep_if_due())
                     next_sweep = time.monotonic() + self.sweep_interval
                 if not await queue.client.exists(index_key):
                     # no groups: nothing to release; note where the stream ends and look again soon
@@ -224,7 +251,7 @@ class GroupKeeper:
         trouble = False
         while not self.closing:
             try:
-                await self.sweep()
+                await self.sweep_if_due()
                 trouble = False
             except (redis_exc.ConnectionError, redis_exc.TimeoutError, OSError, ConnectionError) as err:
                 if self.closing:

@@ -733,6 +733,29 @@ async def test_keeper_misses_no_event_between_its_first_sweep_and_first_read(
             await worker.close()
 
 
+async def test_keepers_of_a_queue_share_one_sweep_per_interval(redis_url: str, queue_name: str) -> None:
+    """Every Worker runs a keeper: they take turns through a lease in Redis, so the group index is
+    swept about once per interval in all, not once per keeper (a sweep costs ~10 commands a group)."""
+    async with a_queue(queue_name, redis_url) as queue:
+        await queue.add("s", {}, group="A")
+        keepers = [GroupKeeper(queue_name, redis_url, sweep_interval=0.25, follow_stream=False) for _ in range(4)]
+        tasks = [keeper.start() for keeper in keepers]
+        try:
+            await asyncio.sleep(1.6)
+        finally:
+            for keeper in keepers:
+                await keeper.close()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        total = sum(keeper.sweeps for keeper in keepers)
+        # 1.6 s / 0.25 s: at most about 7 sweeps in all, where 4 keepers on their own would make ~28
+        assert 2 <= total <= 10, [keeper.sweeps for keeper in keepers]
+        # while the lease is held, a due sweep is skipped; an explicit sweep never waits for it
+        await queue.client.set(queue.keys.prefix_key + "grp:sweep", "1", px=10_000)
+        probe = GroupKeeper.for_queue(queue, sweep_interval=0.25)
+        assert await probe.sweep_if_due() is None and probe.sweeps == 0
+        assert await probe.sweep() == 0 and probe.sweeps == 1
+
+
 async def test_keeper_command_starts_and_stops_on_sigterm(redis_url: str, queue_name: str) -> None:
     async with keeper_proc(redis_url, queue_name, sweep_interval=0.2) as keeper:
         assert queue_name in keeper.first_line

@@ -27,8 +27,9 @@ from tests.chaos_worker_proc import make_handler
 #: What a queue keeps for good once every job is gone: the id counter, the meta hash (options,
 #: version) and the events stream (trimmed to opts.maxLenEvents, never deleted).
 KEPT = {"id", "meta", "events"}
-#: Keys that expire by themselves: the stalled check's lock (PX stalled_interval).
-EXPIRING = {"stalled-check"}
+#: Keys that expire by themselves: the stalled check's lock (PX stalled_interval) and the group
+#: keepers' sweep lease (PX group_sweep_interval).
+EXPIRING = {"stalled-check", "grp:sweep"}
 #: The group gate's add-sequence counter: it must keep growing for later adds, like "id".
 GROUP_KEPT = {"grp:seq"}
 

@@ -10,6 +10,7 @@
     <prefix>grp:paused       set of paused groups
     <prefix>grp:jobs         hash jobId -> gid, for jobs held or released
     <prefix>grp:seq          add-sequence counter
+    <prefix>grp:sweep        the keepers' sweep lease (written by GroupKeeper, PX the sweep interval)
 
   A group job's hash also has "gid" and "gseq" (its 15-digit add sequence), so an entry left
   behind by a removed job is never taken for a later job that reuses its custom id.
