@@ -1,6 +1,7 @@
 """Job: one job hash, read and changed only through the upstream scripts."""
 from __future__ import annotations
 
+import math
 import time
 import traceback
 from typing import TYPE_CHECKING, Any, Mapping, Optional
@@ -33,6 +34,15 @@ def _int(raw: Mapping[str, str], field: str, default: Optional[int] = 0) -> Opti
             return int(float(value))
         except (ValueError, OverflowError):  # "NaN", "1e999" (inf) in a foreign or corrupt hash
             return default
+
+
+def _opt_int(value: Any) -> int:
+    """A numeric option as an int; 0 for what a foreign or corrupt hash may hold instead (a string,
+    NaN, 1e400 read back as infinity)."""
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError, OverflowError):
+        return 0
 
 
 def _group_id(value: Any) -> Optional[str]:
@@ -72,8 +82,8 @@ class Job(FlowJobMixin):
         self.data: Any = {} if data is None else data
         self.opts: dict[str, Any] = dict(opts or {})
         self.timestamp = 0
-        self.delay = int(self.opts.get("delay") or 0)
-        self.priority = int(self.opts.get("priority") or 0)
+        self.delay = _opt_int(self.opts.get("delay"))
+        self.priority = _opt_int(self.opts.get("priority"))
         self.attempts_made = 0
         self.attempts_started = 0
         self.stalled_counter = 0
@@ -124,8 +134,9 @@ class Job(FlowJobMixin):
         if "name" not in raw:
             problems.append("the job hash has no name")
         attempts = stored_opts.get("attempts")
-        if attempts is not None and (isinstance(attempts, bool) or not isinstance(attempts, (int, float))):
-            problems.append(f"opts.attempts={attempts!r} is not a number")
+        if attempts is not None and (isinstance(attempts, bool) or not isinstance(attempts, (int, float))
+                                     or not math.isfinite(attempts)):
+            problems.append(f"opts.attempts={attempts!r} is not a finite number")
         job = cls(queue, raw.get("name", ""), data, from_wire(stored_opts), job_id)
         job.timestamp = _int(raw, "timestamp") or 0
         job.delay = _int(raw, "delay") or 0
@@ -241,12 +252,21 @@ class Job(FlowJobMixin):
         if state not in ("failed", "completed"):
             raise InvalidArgument(f"state={state!r}: a job can be retried from 'failed' or 'completed' only")
         keys = self.queue.keys
-        result = await self.queue.runner.call("reprocessJob", [
-            self.full_key, keys.events, keys[state], keys.wait, keys.meta, keys.active, keys.marker,
-            keys.prioritized, keys.pc,
-        ], [self.id, ("R" if self.opts.get("lifo") else "L") + "PUSH",
-            "failedReason" if state == "failed" else "returnvalue", state,
-            "1" if reset_attempts_made else "0", "1" if reset_attempts_started else "0"])
+        result = 0
+        if self.group_id is not None:
+            # a group job goes back behind its group's gate (held, or waiting if its group is free)
+            from bullmq_compat._groups import update_call
+
+            flags = f"{state}:{int(reset_attempts_made)}{int(reset_attempts_started)}"
+            script, gate_keys, args = update_call(keys, "retry", str(self.id), flags)
+            result = await self.queue.runner.call(script, gate_keys, args)
+        if result == 0:  # not a job the gate held: as upstream
+            result = await self.queue.runner.call("reprocessJob", [
+                self.full_key, keys.events, keys[state], keys.wait, keys.meta, keys.active, keys.marker,
+                keys.prioritized, keys.pc,
+            ], [self.id, ("R" if self.opts.get("lifo") else "L") + "PUSH",
+                "failedReason" if state == "failed" else "returnvalue", state,
+                "1" if reset_attempts_made else "0", "1" if reset_attempts_started else "0"])
         if result != 1:
             raise script_error(result, job_id=str(self.id), command="reprocessJob", state=state)
         self.failed_reason = None

@@ -431,6 +431,35 @@ def test_worker_fails_corrupt_jobs_and_keeps_running(redis_url: str) -> None:
         loop.close()
 
 
+@pytest.mark.parametrize("opts", [
+    '{"attempts": 1e400}', '{"delay": 1e400, "priority": "x"}', '{"attempts": -1e400, "backoff": 5}',
+], ids=["attempts-inf", "delay-inf", "attempts-minus-inf"])
+@pytest.mark.parametrize("data", ["{}", "not json"], ids=["data-ok", "data-corrupt"])
+async def test_non_finite_numbers_in_stored_opts_end_the_job_with_a_reason(
+        redis_url: str, opts: str, data: str) -> None:
+    """JSON numbers too big for a double (1e400) read back as infinity; a job holding one in its opts
+    must still end (failed with a reason, or completed if still readable) instead of making every
+    finish attempt raise. Found by the corrupt-hash fuzz test above."""
+    queue_name = f"fuzz-inf-{RUN}-{abs(hash((opts, data)))}"
+    redis = await _bytes_client(redis_url)
+    try:
+        await redis.hset(f"bull:{queue_name}:bad", mapping={"name": "n", "data": data, "opts": opts})
+        await redis.lpush(f"bull:{queue_name}:wait", "bad")
+        async with Worker(queue_name, lambda job: "ok", connection=redis_url, drain_delay=0.5):
+            states = None
+            deadline = time.monotonic() + 10
+            while states is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+                states = await _finished(redis, queue_name, ["bad"])
+        assert states is not None, "the job never ended"
+        if data == "not json" or "attempts" in opts:  # unreadable: failed with a reason
+            assert states == {"bad": "failed"}
+            assert await redis.hget(f"bull:{queue_name}:bad", "failedReason")
+        # else still readable (a delay or priority that is not a number counts as none): it may complete
+    finally:
+        await redis.aclose()
+
+
 @pytest.mark.parametrize("field", SCRIPT_STATE_FIELDS)
 async def test_worker_keeps_going_past_jobs_the_scripts_cannot_move(redis_url: str, field: str) -> None:
     queue_name = f"fuzz-state-{field}-{RUN}"

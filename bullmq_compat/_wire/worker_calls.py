@@ -19,7 +19,7 @@ def attempts_of(opts: Mapping[str, Any]) -> int:
     """opts.attempts as an int; a foreign job's unreadable value counts as 0 (no retries)."""
     try:
         return int(opts.get("attempts") or 0)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: 1e400, read back as infinity
         return 0
 
 
