@@ -18,6 +18,7 @@ from opentelemetry.trace import SpanKind
 from bullmq_compat._wire import codec
 from bullmq_compat._wire.adding import PreparedAdd, prepare_add
 from bullmq_compat._wire.keys import QueueKeys
+from bullmq_compat._wire.lua import own_script
 from bullmq_compat._wire.options import from_wire, merge_defaults, normalize_job_options
 from bullmq_compat._wire.channel import FastChannel
 from bullmq_compat._wire.fastconn import FastPathUnavailable
@@ -478,6 +479,11 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueBase):
         """Delete the whole queue; refuses while jobs are active unless force=True."""
         await self.wait_until_ready()
         await self._pause(True)
+        if not force and await self.client.llen(self.keys.active):  # refuse before deleting anything
+            raise InvalidArgument(f"Cannot obliterate queue {self.name!r} with active jobs; pass force=True")
+        # jobs held by our group gates are in waiting-children, which upstream's obliterate leaves
+        async for gid in self.client.sscan_iter(self.keys.prefix_key + "grp:index", count=1000):
+            await self.delete_group_jobs(codec.to_str(gid))
         while True:
             cursor = await self.runner.call("obliterate", [self.keys.meta, self.keys.prefix_key],
                                             [count, "force" if force else None])
@@ -502,10 +508,16 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueBase):
 
     async def _move_jobs_to_wait(self, state: str, count: int, timestamp: float) -> None:
         k = self.keys
+        keys = [k.prefix_key, k.events, k[state], k.wait, k.paused, k.meta, k.active, k.marker]
+        if state != "delayed":
+            # retries: group jobs go back behind their group's gate, the rest as upstream moves them
+            script: Any = own_script("moveJobsToWaitGated-12.lua")
+            keys += [k.waiting_children, k.prioritized, k.pc, k.delayed]
+        else:
+            script = "moveJobsToWait"
         while True:
-            cursor = await self.runner.call("moveJobsToWait", [
-                k.prefix_key, k.events, k[state], k.wait, k.paused, k.meta, k.active, k.marker],
-                [count, timestamp, state])
+            args = [count, timestamp, state] + ([int(time.time() * 1000)] if state != "delayed" else [])
+            cursor = await self.runner.call(script, keys, args)
             if not cursor:
                 break
 

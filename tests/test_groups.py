@@ -172,6 +172,55 @@ async def test_a_job_failing_for_good_does_not_block_its_group_and_retries_keep_
         assert await queue.get_groups() == []
 
 
+async def test_retrying_a_finished_group_job_from_python_goes_back_behind_its_gate(
+        redis_url: str, queue_name: str) -> None:
+    """job.retry() and queue.retry_jobs() put a group job back in its group, in its place: it waits
+    while another job of the group runs, and runs before the group's jobs added after it."""
+    async with a_queue(queue_name, redis_url) as queue:
+        jobs = [await queue.add("x", {"s": s}, group="G") for s in range(4)]
+        plain = await queue.add("x", {"plain": True})
+        worker = Worker(queue_name, connection=redis_url, group_keeper=False)
+        try:
+            # s0 fails for good (s1 released), then plain fails too
+            job = await worker.get_next_job("t0")
+            assert job is not None and job.id == jobs[0].id
+            await job.move_to_failed(RuntimeError("boom"), "t0")
+            job = await worker.get_next_job("tp")
+            assert job is not None and job.id == plain.id
+            await job.move_to_failed(RuntimeError("boom"), "tp")
+            # s1 is running: a retried s0 waits behind the gate, first in line
+            running = await worker.get_next_job("t1")
+            assert running is not None and running.id == jobs[1].id
+            failed = await queue.get_job(jobs[0].id)
+            assert failed is not None
+            await failed.retry()
+            assert await queue.get_job_state(jobs[0].id) == "waiting-children"
+            assert [j.id for j in await queue.get_group_jobs("G")] == [jobs[0].id, jobs[2].id, jobs[3].id]
+            again = await queue.get_job(jobs[0].id)
+            assert again is not None and again.failed_reason is None and again.finished_on is None
+
+            # s1 fails for good too; retry_jobs() retries it behind the gate and plain straight to wait
+            await running.move_to_failed(RuntimeError("boom"), "t1")  # releases s0
+            assert await queue.get_job_state(jobs[0].id) == "waiting"
+            await queue.retry_jobs()
+            assert await queue.get_job_state(plain.id) == "waiting"
+            assert await queue.get_job_state(jobs[1].id) == "waiting-children"
+            assert [j.id for j in await queue.get_group_jobs("G")] == [jobs[1].id, jobs[2].id, jobs[3].id]
+
+            order = []
+            for n in range(5):
+                job = await worker.get_next_job(f"r{n}")
+                assert job is not None
+                states = [await queue.get_job_state(j.id) for j in jobs]
+                assert sum(state in ("waiting", "active") for state in states) == 1, states
+                order.append(job.id)
+                await job.move_to_completed(None, f"r{n}")
+            assert [i for i in order if i != plain.id] == [jobs[0].id, jobs[1].id, jobs[2].id, jobs[3].id]
+            assert await queue.get_groups() == []
+        finally:
+            await worker.close()
+
+
 async def test_removing_a_held_or_released_job_removes_only_it_and_the_group_goes_on(
         redis_url: str, queue_name: str, redis: aioredis.Redis) -> None:
     """Job.remove() (upstream's removeJob, as Bull-Board calls it) on a held job and on the
@@ -730,6 +779,22 @@ async def test_keeper_misses_no_event_between_its_first_sweep_and_first_read(
         finally:
             await keeper.close()
             await asyncio.wait_for(task, 10)
+            await worker.close()
+
+
+async def test_obliterate_refused_for_active_jobs_leaves_the_groups_whole(
+        redis_url: str, queue_name: str) -> None:
+    async with a_queue(queue_name, redis_url) as queue:
+        jobs = [await queue.add("o", {}, group="G") for _ in range(3)]
+        worker = Worker(queue_name, connection=redis_url, group_keeper=False)
+        try:
+            assert (await worker.get_next_job("tok")).id == jobs[0].id
+            with pytest.raises(InvalidArgument, match="active jobs"):
+                await queue.obliterate()
+            assert [j.id for j in await queue.get_group_jobs("G")] == [jobs[1].id, jobs[2].id]
+            await queue.obliterate(force=True)
+            assert await queue.get_groups() == [] and await queue.get_job(jobs[2].id) is None
+        finally:
             await worker.close()
 
 

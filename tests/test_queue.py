@@ -300,7 +300,10 @@ async def test_obliterate(queue: Queue, redis: Any) -> None:
     await queue.add("p", {}, priority=4)
     job = await queue.add("logged", {})
     await job.log("line")
-    assert await redis.keys(f"bull:{queue.name}:*")
+    await queue.add("g", {}, group="G")
+    await queue.add("g", {}, group="G")  # held
+    await queue.pause_group("H")
+    assert await redis.keys(f"bull:{queue.name}:grp:held:G")
     await queue.obliterate()
     assert await redis.keys(f"bull:{queue.name}:*") == []
 

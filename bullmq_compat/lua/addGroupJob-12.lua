@@ -59,7 +59,7 @@ end
 
 storeJob(q.events, jobKey, jobId, args[3], ARGV[2], opts, timestamp, nil, nil, args[8])
 local seq = string.format("%0" .. GROUP_SEQ_DIGITS .. "d", rcall("INCR", prefix .. "grp:seq"))
-rcall("HSET", jobKey, "gid", gid, "gseq", seq)
+rcall("HSET", jobKey, "gid", gid, "gseq", seq, "gord", ARGV[5])
 
 rcall("ZADD", prefix .. "grp:held:" .. gid, tonumber(ARGV[5]), seq .. jobId)
 rcall("HSET", prefix .. "grp:jobs", jobId, gid)

@@ -15,6 +15,8 @@
             "resume"      ARGV[3] gid
             "concurrency" ARGV[3] gid ("*" for the queue default), ARGV[4] k
             "delete"      ARGV[3] gid: remove the group's held jobs; returns how many
+            "retry"       ARGV[3] jobId, ARGV[4] "<failed|completed>:<reset atm 0|1><reset ats 0|1>":
+                          put a finished group job back behind its gate (see regateFinishedJob)
     ARGV[5] now (ms)
 
     Output: number of jobs released (or removed, for "delete")
@@ -91,5 +93,15 @@ elseif op == "delete" then
     rcall("SREM", prefix .. "grp:index", gid)
   end
   return removed
+elseif op == "retry" then
+  local prevState, flags = string.match(ARGV[4], "^(%a+):(%d%d)$")
+  if prevState ~= "failed" and prevState ~= "completed" then
+    return redis.error_reply("retry needs <failed|completed>:<flags>, got " .. tostring(ARGV[4]))
+  end
+  if rcall("EXISTS", prefix .. ARGV[3]) == 0 then
+    return -1
+  end
+  return regateFinishedJob(prefix, ARGV[3], prevState == "failed" and q.failed or q.completed, prevState,
+    string.sub(flags, 1, 1) == "1", string.sub(flags, 2, 2) == "1", q, now, maxEvents)
 end
 return redis.error_reply("unknown group operation " .. tostring(op))

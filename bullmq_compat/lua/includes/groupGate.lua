@@ -12,8 +12,9 @@
     <prefix>grp:seq          add-sequence counter
     <prefix>grp:sweep        the keepers' sweep lease (written by GroupKeeper, PX the sweep interval)
 
-  A group job's hash also has "gid" and "gseq" (its 15-digit add sequence), so an entry left
-  behind by a removed job is never taken for a later job that reuses its custom id.
+  A group job's hash also has "gid", "gseq" (its 15-digit add sequence), so an entry left
+  behind by a removed job is never taken for a later job that reuses its custom id, and "gord"
+  (its order score), so a retried job goes back to its place in the group.
 ]]
 
 --- @include "<upstream>/includes/addDelayedJob"
@@ -100,6 +101,42 @@ local function releaseHeldGroupJobs(prefix, gid, q, now, maxEvents)
     rcall("SREM", prefix .. "grp:index", gid)  -- (a group that released a job is still in use)
   end
   return released
+end
+
+-- Put a finished group job (in the failed or completed set `stateKey`) back behind its group's
+-- gate, as upstream's reprocessJob puts a job back to wait: finish fields cleared (and
+-- attemptsMade / attemptsStarted when asked), then held in its place in the group and released
+-- when the group has a free slot. Returns 1, 0 for a job the gate never held (no "gseq": let
+-- upstream retry it), or -3 when the job is not in `stateKey`.
+local function regateFinishedJob(prefix, jobId, stateKey, prevState, resetAtm, resetAts, q, now, maxEvents)
+  local jobKey = prefix .. jobId
+  local fields = rcall("HMGET", jobKey, "gid", "gseq", "timestamp", "gord")
+  local gid = fields[1]
+  if not gid or not fields[2] then
+    return 0
+  end
+  if rcall("ZREM", stateKey, jobId) == 0 then
+    return -3
+  end
+  local toRemove = { "finishedOn", "processedOn", prevState == "failed" and "failedReason" or "returnvalue" }
+  if resetAtm then
+    toRemove[#toRemove + 1] = "atm"
+  end
+  if resetAts then
+    toRemove[#toRemove + 1] = "ats"
+  end
+  rcall("HDEL", jobKey, unpack(toRemove))
+  -- its slot is free by now (finished); a slot nobody released yet must not hold the job up
+  rcall("SREM", prefix .. "grp:run:" .. gid, jobId)
+  local timestamp = tonumber(fields[3]) or now
+  rcall("ZADD", prefix .. "grp:held:" .. gid, tonumber(fields[4]) or timestamp, fields[2] .. jobId)
+  rcall("HSET", prefix .. "grp:jobs", jobId, gid)
+  rcall("SADD", prefix .. "grp:index", gid)
+  rcall("ZADD", q.waitingChildren, timestamp, jobId)
+  rcall("XADD", q.events, "MAXLEN", "~", maxEvents, "*", "event", "waiting-children", "jobId", jobId,
+    "prev", prevState)
+  releaseHeldGroupJobs(prefix, gid, q, now, maxEvents)
+  return 1
 end
 
 -- Free a released job's slot once it has left the running states; true when freed.
