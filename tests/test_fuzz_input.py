@@ -347,6 +347,16 @@ def must_fail(fields: dict[str, Any]) -> bool:
     return not isinstance(opts, dict)
 
 
+async def _where(redis: aioredis.Redis, queue_name: str, job_id: str) -> list[str]:
+    """The upstream states that list ``job_id`` (for failure messages)."""
+    base = f"bull:{queue_name}:"
+    found = [name for name in ("delayed", "prioritized", "waiting-children", "completed", "failed")
+             if await redis.zscore(base + name, job_id) is not None]
+    found += [name for name in ("wait", "active", "paused")
+              if job_id.encode() in await redis.lrange(base + name, 0, -1)]
+    return found
+
+
 async def _finished(redis: aioredis.Redis, queue_name: str, ids: list[str]) -> Optional[dict[str, str]]:
     """{id: state} once every id is completed or failed, else None."""
     pipe = redis.pipeline(transaction=False)
@@ -401,7 +411,12 @@ def test_worker_fails_corrupt_jobs_and_keeps_running(redis_url: str) -> None:
                 while states is None and time.monotonic() < deadline:
                     await asyncio.sleep(0.05)
                     states = await _finished(redis, queue_name, ids)
-                assert states is not None, f"not all finished in 10 s: {batch}"
+                if states is None:  # say which jobs are stuck, where, and what the worker reported
+                    stuck = {}
+                    for job_id, fields in zip(ids, batch):
+                        if await _finished(redis, queue_name, [job_id]) is None:
+                            stuck[job_id] = (fields, await _where(redis, queue_name, job_id))
+                    raise AssertionError(f"not all finished in 10 s: {stuck}; worker errors: {errors[-3:]!r}")
                 assert not run_task.done(), "the worker stopped"
                 for job_id, fields in zip(ids, batch):
                     if must_fail(fields):
