@@ -17,7 +17,7 @@ from bullmq_compat._errors import (
 from bullmq_compat._job_flow import FlowJobMixin
 from bullmq_compat._wire import codec
 from bullmq_compat._wire.options import from_wire, normalize_job_options
-from bullmq_compat._wire.worker_calls import attempts_of
+from bullmq_compat._wire.worker_calls import attempts_of, int_or_zero
 
 if TYPE_CHECKING:
     from bullmq_compat._queue import QueueBase
@@ -34,15 +34,6 @@ def _int(raw: Mapping[str, str], field: str, default: Optional[int] = 0) -> Opti
             return int(float(value))
         except (ValueError, OverflowError):  # "NaN", "1e999" (inf) in a foreign or corrupt hash
             return default
-
-
-def _opt_int(value: Any) -> int:
-    """A numeric option as an int; 0 for what a foreign or corrupt hash may hold instead (a string,
-    NaN, 1e400 read back as infinity)."""
-    try:
-        return int(value or 0)
-    except (TypeError, ValueError, OverflowError):
-        return 0
 
 
 def _group_id(value: Any) -> Optional[str]:
@@ -82,8 +73,8 @@ class Job(FlowJobMixin):
         self.data: Any = {} if data is None else data
         self.opts: dict[str, Any] = dict(opts or {})
         self.timestamp = 0
-        self.delay = _opt_int(self.opts.get("delay"))
-        self.priority = _opt_int(self.opts.get("priority"))
+        self.delay = int_or_zero(self.opts.get("delay"))
+        self.priority = int_or_zero(self.opts.get("priority"))
         self.attempts_made = 0
         self.attempts_started = 0
         self.stalled_counter = 0
