@@ -25,16 +25,14 @@ local maxCount = tonumber(ARGV[1])
 local now = tonumber(ARGV[4])
 local q = { wait = KEYS[4], meta = KEYS[6], active = KEYS[7], marker = KEYS[8], events = KEYS[2],
   waitingChildren = KEYS[9], prioritized = KEYS[10], pc = KEYS[11], delayed = KEYS[12] }
-local maxEvents = nil
+local maxEvents = getOrSetMaxEvents(q.meta)
 local regated = 0
--- the jobs upstream would take: the group ones among them are regated first, then upstream takes
--- the rest (the same window, as the regated ones have left the state set)
+-- the jobs upstream would take: the group ones among them are regated first (regateFinishedJob
+-- leaves the others alone), then upstream takes the rest (the same window, as the regated ones
+-- have left the state set)
 for _, jobId in ipairs(rcall("ZRANGEBYSCORE", KEYS[3], 0, tonumber(ARGV[2]), "LIMIT", 0, maxCount)) do
-  if rcall("HEXISTS", prefix .. jobId, "gseq") == 1 then
-    maxEvents = maxEvents or getOrSetMaxEvents(q.meta)
-    if regateFinishedJob(prefix, jobId, KEYS[3], ARGV[3], false, false, q, now, maxEvents) == 1 then
-      regated = regated + 1
-    end
+  if regateFinishedJob(prefix, jobId, KEYS[3], ARGV[3], false, false, q, now, maxEvents) == 1 then
+    regated = regated + 1
   end
 end
 return moveJobsToWait(KEYS, { tostring(maxCount - regated), ARGV[2], ARGV[3] })
