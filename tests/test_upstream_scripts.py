@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,7 +14,7 @@ import redis.asyncio as aioredis
 
 from bullmq_compat._errors import BullMQCompatError, UpstreamScriptsMissing
 from bullmq_compat._wire import lua, upstream
-from bullmq_compat._wire.lua import LuaIncludeError, Script, ScriptBuilder, own_script, upstream_scripts
+from bullmq_compat._wire.lua import LuaIncludeError, Script, ScriptBuilder, own_library, own_script, upstream_scripts
 
 FIXTURES = Path(__file__).parent / "lua_fixtures"
 
@@ -144,6 +145,47 @@ def test_group_finish_script_runs_upstream_move_to_finished_unchanged() -> None:
     assert "local function moveToFinished(KEYS, ARGV)\n" + upstream_scripts()["moveToFinished"].lua + "end" in ours
 
 
+def test_library_defines_every_include_once_and_keeps_each_script_body(tmp_path: Path) -> None:
+    """A function library: each include of any script (an embedded one's too) is defined once, at
+    the top, where a build would first define it; a script's text without its include lines is its
+    function's body, and an embedded script's is its local function's."""
+    _write(tmp_path, {
+        "lib/inc/h.lua": "local function h() return 3 end\n",
+        "lib/inc/k.lua": "--- @include \"h\"\nlocal function k() return h() + 1 end\n",
+        "lib/up-1.lua": "--[[ up ]]\nlocal rcall = redis.call\n--- @include \"inc/k\"\nreturn k() + KEYS[1]\n",
+        "own/mine-1.lua": "local rcall = redis.call\n--- @function up \"<lib>/up-1\"\n--- @include \"<lib>/inc/h\"\n"
+                          "return up(KEYS, ARGV) + h()\n",
+        "own/other-0.lua": "--- @include \"<lib>/inc/k\"\nreturn k()\n",
+    })
+    builder = ScriptBuilder({"lib": tmp_path / "lib"}, hoist=True)
+    library = builder.build_library("L", [tmp_path / "own/mine-1.lua", tmp_path / "own/other-0.lua"])
+    assert library.functions == {"mine": "L_mine", "other": "L_other"}
+    assert library.lua == (
+        "#!lua name=L\nlocal rcall\n"
+        "local function h() return 3 end\n"
+        "local function k() return h() + 1 end\n"
+        "local function up(KEYS, ARGV)\n--[[ up ]]\nlocal rcall = redis.call\nreturn k() + KEYS[1]\nend\n"
+        "redis.register_function('L_mine', function(KEYS, ARGV)\nrcall = redis.call\nlocal rcall = redis.call\n"
+        "return up(KEYS, ARGV) + h()\nend)\n"
+        "redis.register_function('L_other', function(KEYS, ARGV)\nrcall = redis.call\nreturn k()\nend)\n")
+    with pytest.raises(LuaIncludeError, match="build_library"):
+        ScriptBuilder().build_library("L", [tmp_path / "own/mine-1.lua"])
+    with pytest.raises(LuaIncludeError, match="libraries only"):
+        builder.build(tmp_path / "own/mine-1.lua")
+
+
+def test_our_library_runs_upstream_move_to_finished_body_unchanged() -> None:
+    """In our library, upstream's moveToFinished is its file's text without the include lines, and
+    no function is defined twice."""
+    library = own_library()
+    raw = (upstream.commands_dir() / "moveToFinished-14.lua").read_text(encoding="utf-8")
+    body = lua._EMPTY_LINE_RE.sub("", lua._INCLUDE_RE.sub("", raw))
+    assert "\nlocal function moveToFinished(KEYS, ARGV)\n" + body + "end\n" in library.lua
+    names = re.findall(r"^local function (\w+)\(", library.lua, re.M)
+    assert names and len(names) == len(set(names))
+    assert own_script("moveToFinishedGroup-15.lua").function == library.functions["moveToFinishedGroup"]
+
+
 def test_own_lua_composes_with_upstream_includes(monkeypatch: pytest.MonkeyPatch, no_script_caches: None) -> None:
     monkeypatch.setattr(lua, "OWN_LUA_DIR", FIXTURES)
     script = own_script("pausedAndNextDelayed-2.lua")
@@ -249,6 +291,25 @@ async def test_built_get_counts_loads_into_redis_under_its_sha(redis_url: str) -
     try:
         assert await client.script_load(script.lua) == script.sha
     finally:
+        await client.aclose()
+
+
+async def test_a_library_loads_and_its_functions_run_on_redis(redis_url: str, tmp_path: Path) -> None:
+    _write(tmp_path, {
+        "lib/inc/h.lua": "local function h() return 3 end\n",
+        "lib/up-1.lua": "local rcall = redis.call\n--- @include \"inc/h\"\nreturn h() + rcall('INCRBY', KEYS[1], 1)\n",
+        "own/mine-1.lua": "--- @function up \"<lib>/up-1\"\nreturn up(KEYS, ARGV) + rcall('INCRBY', KEYS[1], ARGV[1])\n",
+    })
+    name = "bmqc_test_" + hashlib.sha1(str(tmp_path).encode()).hexdigest()[:12]
+    library = ScriptBuilder({"lib": tmp_path / "lib"}, hoist=True).build_library(name, [tmp_path / "own/mine-1.lua"])
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        assert await client.function_load(library.lua) == name
+        key = f"{name}:n"
+        assert await client.fcall(library.functions["mine"], 1, key, 10) == 3 + 1 + 11
+    finally:
+        await client.function_delete(name)
+        await client.delete(f"{name}:n")
         await client.aclose()
 
 

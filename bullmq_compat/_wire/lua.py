@@ -18,24 +18,31 @@ the whole upstream script ``x-N`` there, built exactly as it is loaded on its ow
 ``local function name(KEYS, ARGV)``. A script of ours can then run an upstream command unchanged
 and do more in the same call (the group layer finishes a job and releases its group's next one).
 
+Our hottest scripts are also built as one Redis Function library (:func:`own_library`, Redis 7
+and newer): the same files, but every include (and every include of an embedded upstream script)
+is defined once, when the library is loaded, instead of on every call. The scripts' own text, and
+an embedded upstream script's body, become the functions' bodies unchanged. Where the library
+cannot be used (older Redis, ACL), the same scripts run by EVALSHA.
+
 Upstream's glob includes (``@include "includes/*"``) are not supported: no upstream script uses one.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Optional
 
 from bullmq_compat._errors import BullMQCompatError
 from bullmq_compat._wire.upstream import commands_dir
 
 __all__ = [
-    "LuaIncludeError", "Script", "ScriptBuilder", "upstream_scripts", "own_builder", "own_script",
-    "OWN_LUA_DIR", "UPSTREAM_MAPPING",
+    "LuaIncludeError", "Script", "Library", "ScriptBuilder", "upstream_scripts", "own_builder", "own_script",
+    "own_library", "OWN_LUA_DIR", "UPSTREAM_MAPPING", "LIBRARY_SCRIPTS",
 ]
 
 OWN_LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
@@ -74,13 +81,26 @@ class LuaIncludeError(BullMQCompatError):
 
 
 @dataclass(frozen=True)
+class Library:
+    """Scripts of ours as one Redis Function library: ``FUNCTION LOAD`` its ``lua``, then
+    ``FCALL functions[script name]`` with the script's keys and arguments."""
+
+    name: str
+    lua: str
+    functions: Mapping[str, str]
+
+
+@dataclass(frozen=True)
 class Script:
-    """A built Lua script, ready for ``SCRIPT LOAD`` / ``EVALSHA``."""
+    """A built Lua script, ready for ``SCRIPT LOAD`` / ``EVALSHA``; when it is also in a
+    `Library`, ``function`` names it there (callers then try ``FCALL`` first)."""
 
     name: str
     num_keys: int
     lua: str
     sha: str = field(init=False)
+    function: Optional[str] = field(default=None, compare=False, repr=False)
+    library: Optional[Library] = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sha", hashlib.sha1(self.lua.encode("utf-8")).hexdigest())
@@ -115,11 +135,15 @@ class ScriptBuilder:
     """Builds scripts from files, caching every parsed file across all scripts it builds.
 
     ``mappings`` maps a name to a directory, so that ``@include "<name>/rest"`` resolves to
-    ``directory/rest``.
+    ``directory/rest``. A builder made with ``hoist=True`` builds libraries (`build_library`):
+    there an ``@function`` line becomes an include of its own, whose includes are the embedded
+    script's, so that they too are defined once per library.
     """
 
-    def __init__(self, mappings: Mapping[str, str | os.PathLike[str]] | None = None) -> None:
+    def __init__(self, mappings: Mapping[str, str | os.PathLike[str]] | None = None, *,
+                 hoist: bool = False) -> None:
         self._mappings = {name: os.path.abspath(p) for name, p in (mappings or {}).items()}
+        self._hoist = hoist
         self._parsed: dict[str, _Source] = {}
         self._built: dict[str, Script] = {}
 
@@ -134,11 +158,49 @@ class ScriptBuilder:
             raise LuaIncludeError(f"script file name must be <name>-<numkeys>.lua, got {abspath}")
         if not os.path.isfile(abspath):
             raise LuaIncludeError(f"script not found: {abspath}")
+        if self._hoist:
+            raise LuaIncludeError("a hoisting builder builds libraries only (build_library)")
         source = self._parse(abspath, [])
         lua = _EMPTY_LINE_RE.sub("", _interpolate(source, set()))
         script = Script(match.group(1), int(match.group(2)), lua)
         self._built[abspath] = script
         return script
+
+    def build_library(self, name: str, paths: list[str | os.PathLike[str]]) -> Library:
+        """One Redis Function library of the scripts at ``paths``, named ``name``; each script
+        becomes the function ``<name>_<script name>``.
+
+        Every include of every script is defined once, at the library's top level, in the order
+        the scripts' builds would first define it; ``rcall`` is a library local that each
+        function sets to ``redis.call`` first (``redis.call`` cannot be read while a library
+        loads). The scripts' own text, without its include lines, is the function's body.
+        """
+        if not self._hoist:
+            raise LuaIncludeError("build_library needs a builder made with hoist=True")
+        processed: set[str] = set()
+        definitions: list[str] = []
+        registrations: list[str] = []
+        functions: dict[str, str] = {}
+        for path in paths:
+            abspath = os.path.abspath(path)
+            match = _SCRIPT_NAME_RE.match(os.path.basename(abspath))
+            if match is None or not os.path.isfile(abspath):
+                raise LuaIncludeError(f"library script must be an existing <name>-<numkeys>.lua, got {abspath}")
+            source = self._parse(abspath, [])
+            body = source.text
+            for child in source.includes:
+                emitted = child.path in processed
+                fragment = _interpolate(child, processed)
+                processed.add(child.path)
+                if not emitted:
+                    definitions.append(fragment)
+                body = body.replace(child.token, "")
+            function = f"{name}_{match.group(1)}"
+            functions[match.group(1)] = function
+            registrations.append(
+                f"redis.register_function('{function}', function(KEYS, ARGV)\nrcall = redis.call\n{body}\nend)\n")
+        lua = "".join([f"#!lua name={name}\nlocal rcall\n", *definitions, "\n", *registrations])
+        return Library(name, _EMPTY_LINE_RE.sub("", lua), functions)
 
     def _resolve(self, reference: str, parent: str) -> str:
         """The absolute path ``reference`` (as written in ``parent``) points to."""
@@ -172,7 +234,8 @@ class ScriptBuilder:
             raise LuaIncludeError(f"Lua file not found: {path}") from None
 
         stack.append(path)
-        text = self._embed_functions(original, path, stack)
+        embedded: list[_Source] = []
+        text = self._embed_functions(original, path, stack, embedded)
         source = _Source(path=path, token=_token(path), text=text, includes=[])
         # Like upstream, search again from the top after each substitution, and substitute the
         # first occurrence of the matched text (str.replace with count=1 == JS String.replace).
@@ -188,12 +251,17 @@ class ScriptBuilder:
             source.includes.append(child)
             text = text.replace(m.group(0), child.token, 1)
         stack.pop()
+        if embedded:  # hoisting: embedded scripts are includes too, in the order they appear
+            source.includes = sorted([*source.includes, *embedded], key=lambda child: text.find(child.token))
         source.text = text
         self._parsed[path] = source
         return source
 
-    def _embed_functions(self, text: str, path: str, stack: list[str]) -> str:
-        """Replace each ``--- @function name "reference"`` line by the built script as a function."""
+    def _embed_functions(self, text: str, path: str, stack: list[str], embedded: list[_Source]) -> str:
+        """Replace each ``--- @function name "reference"`` line by the built script as a function.
+
+        When hoisting, by the token of an include made for it instead (added to ``embedded``):
+        its includes are the embedded script's, its text the function, defined after them."""
         def embed(m: re.Match[str]) -> str:
             reference = m.group(3)
             child_path = self._resolve(reference, path)
@@ -202,6 +270,19 @@ class ScriptBuilder:
                 raise LuaIncludeError(f"include cycle: {' -> '.join([*stack, child_path])}")
             if not os.path.isfile(child_path):
                 raise LuaIncludeError(f'script not found: "{reference}" (looked for {child_path}) in {where}')
+            if self._hoist:
+                stack.append(path)
+                script = self._parse(child_path, stack)
+                stack.pop()
+                body = script.text
+                for child in script.includes:
+                    body = body.replace(child.token, "")
+                function = _Source(path=f"{child_path}#{m.group(1)}", token=_token(f"{child_path}#{m.group(1)}"),
+                                   text="".join(child.token for child in script.includes)
+                                   + f"\nlocal function {m.group(1)}(KEYS, ARGV)\n{body}\nend\n",
+                                   includes=list(script.includes))
+                embedded.append(function)
+                return function.token
             body = self.build(child_path).lua
             return f"local function {m.group(1)}(KEYS, ARGV)\n{body}\nend"
 
@@ -246,8 +327,13 @@ def own_builder() -> ScriptBuilder:
     return ScriptBuilder({UPSTREAM_MAPPING: commands_dir()})
 
 
+LIBRARY_SCRIPTS = ("moveToFinishedGroup-15.lua",)
+"""Our scripts that are also in the function library: those run once per job."""
+
+
 def own_script(filename: str) -> Script:
-    """Build one of our own scripts, ``bullmq_compat/lua/<name>-<numkeys>.lua`` (cached)."""
+    """Build one of our own scripts, ``bullmq_compat/lua/<name>-<numkeys>.lua`` (cached); one of
+    `LIBRARY_SCRIPTS` also names its function in `own_library`."""
     return _own_script(own_builder(), OWN_LUA_DIR, filename)
 
 
@@ -255,4 +341,18 @@ def own_script(filename: str) -> Script:
 def _own_script(builder: ScriptBuilder, directory: Path, filename: str) -> Script:
     # keyed by builder and directory too, so that a new builder (or a test's directory) is seen;
     # spares the hot paths (a group job's finish) building a path on every call
-    return builder.build(directory / filename)
+    script = builder.build(directory / filename)
+    if directory == OWN_LUA_DIR and filename in LIBRARY_SCRIPTS:
+        library = own_library()
+        script = dataclasses.replace(script, function=library.functions[script.name], library=library)
+    return script
+
+
+@functools.cache
+def own_library() -> Library:
+    """`LIBRARY_SCRIPTS` as one function library, named after the scripts' text (so different
+    versions of bullmq-compat on one Redis each load their own)."""
+    builder = ScriptBuilder({UPSTREAM_MAPPING: commands_dir()}, hoist=True)
+    scripts = [own_builder().build(OWN_LUA_DIR / filename) for filename in LIBRARY_SCRIPTS]
+    digest = hashlib.sha1("\0".join(script.lua for script in scripts).encode("utf-8")).hexdigest()
+    return builder.build_library(f"bullmq_compat_{digest[:16]}", [OWN_LUA_DIR / f for f in LIBRARY_SCRIPTS])
