@@ -468,6 +468,42 @@ async def test_held_jobs_count_as_waiting_children(redis_url: str, queue_name: s
         assert await held_ids(queue, "C") == [j.id for j in jobs[1:]]
 
 
+async def test_held_jobs_are_listed_in_add_order_under_their_own_score(
+        redis_url: str, queue_name: str, redis: aioredis.Redis) -> None:
+    """A held job's waiting-children score is its add sequence (+0.5 when its release needs its
+    options: priority, delay, lifo), so Node and Bull-Board list held jobs in add order and the gate
+    takes exactly that job out. One held by an earlier version (scored by its timestamp) is still
+    released, with its options."""
+    async with a_queue(queue_name, redis_url) as queue:
+        head = await queue.add("s", {}, group="S")
+        plain = await queue.add("s", {}, group="S")
+        prio = await queue.add("s", {}, group="S", priority=5)
+        lifo = await queue.add("s", {}, group="S", lifo=True)
+        old = await queue.add("s", {}, group="S", priority=2)
+        wc = f"bull:{queue_name}:waiting-children"
+        seq = {j.id: int(await redis.hget(f"bull:{queue_name}:{j.id}", "gseq")) for j in (plain, prio, lifo, old)}
+        assert seq[plain.id] < seq[prio.id] < seq[lifo.id] < seq[old.id]
+        assert await redis.zscore(wc, plain.id) == seq[plain.id]
+        assert await redis.zscore(wc, prio.id) == seq[prio.id] + 0.5
+        assert await redis.zscore(wc, lifo.id) == seq[lifo.id] + 0.5
+        assert [j.id for j in await queue.get_jobs(["waiting-children"], asc=True)] == [
+            plain.id, prio.id, lifo.id, old.id]
+        await redis.zadd(wc, {old.id: old.timestamp})  # as an earlier version scored it
+        worker = Worker(queue_name, connection=redis_url, group_keeper=False)
+        try:
+            expected = [(head, "waiting"), (plain, "waiting"), (prio, "prioritized"), (lifo, "waiting"),
+                        (old, "prioritized")]
+            for (job, _), (after, state) in zip(expected, expected[1:]):
+                assert await queue.get_job_state(after.id) == "waiting-children"
+                running = await worker.get_next_job("t")
+                assert running is not None and running.id == job.id
+                await running.move_to_completed(None, "t")
+                assert await queue.get_job_state(after.id) == state, after.id
+            assert await redis.zcard(wc) == 0
+        finally:
+            await worker.close()
+
+
 async def test_a_group_with_many_held_jobs_does_not_delay_a_one_job_group() -> None:
     """HELD_JOBS jobs in group A (add_bulk, 1,000 a batch), then one in group B: a worker started
     afterwards starts B within a second, and a one-job group C added while A churns starts at once."""
@@ -827,6 +863,80 @@ async def test_keeper_command_starts_and_stops_on_sigterm(redis_url: str, queue_
         assert keeper.proc is not None
         keeper.proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(keeper.proc.wait(), 10) == 0
+
+
+# -- the group finish as a Redis Function -------------------------------------------------------------
+
+async def _run_grouped(url: str, name: str, jobs: int, groups: int, on_job: Any = None) -> dict[str, list[int]]:
+    """Add ``jobs`` jobs over ``groups`` groups, run them with one worker; the order each group ran in."""
+    ran: dict[str, list[int]] = {}
+    done = asyncio.Event()
+    count = 0
+
+    async def process(job: Any) -> None:
+        nonlocal count
+        ran.setdefault(job.data["g"], []).append(job.data["s"])
+        if on_job is not None:
+            await on_job(count)
+        count += 1
+        if count == jobs:
+            done.set()
+
+    async with a_queue(name, url) as queue:
+        await queue.add_bulk([{"name": "f", "data": {"g": f"g{i % groups}", "s": i // groups},
+                               "opts": {"group": f"g{i % groups}"}} for i in range(jobs)])
+        worker = Worker(name, process, connection=url, concurrency=5)
+        task = asyncio.ensure_future(worker.run(handle_signals=False))
+        try:
+            await asyncio.wait_for(done.wait(), 30)
+            async def all_completed() -> bool:
+                return (await queue.get_job_counts("completed"))["completed"] == jobs
+
+            await wait_until(all_completed, 10, f"{jobs} completed jobs")
+        finally:
+            await worker.close()
+            await task
+    return ran
+
+
+async def test_group_finishes_run_by_fcall_and_the_library_is_loaded_again_after_a_flush() -> None:
+    """On Redis 7 a group job finishes by FCALL of our function library, which the worker loads
+    once; a library deleted meanwhile (FUNCTION FLUSH) is loaded again and no finish is lost."""
+    from bullmq_compat._wire.lua import own_library
+
+    async with private_redis() as url:
+        admin = aioredis.Redis.from_url(url, decode_responses=True)
+        try:
+            async def flush_once(n: int) -> None:
+                if n == 20:
+                    await admin.function_flush()
+
+            ran = await _run_grouped(url, "fq", 60, 3, flush_once)
+            assert ran == {f"g{g}": list(range(20)) for g in range(3)}
+            stats = await admin.info("commandstats")
+            assert stats["cmdstat_fcall"]["calls"] >= 60
+            assert stats["cmdstat_function|load"]["calls"] >= 2  # at first use, and after the flush
+            libraries = [dict(zip(lib[::2], lib[1::2])) for lib in await admin.function_list()]
+            assert [lib["library_name"] for lib in libraries] == [own_library().name]
+        finally:
+            await admin.aclose()
+
+
+async def test_group_finishes_fall_back_to_evalsha_where_redis_refuses_functions() -> None:
+    """Where Redis will not run our library (here an ACL without FCALL and FUNCTION; also Redis
+    before 7.0), group jobs still finish and release their groups, by EVALSHA."""
+    async with private_redis() as url:
+        admin = aioredis.Redis.from_url(url, decode_responses=True)
+        try:
+            await admin.execute_command("ACL", "SETUSER", "nofn", "on", ">pw", "~*", "&*", "+@all",
+                                        "-fcall", "-fcall_ro", "-function")
+            ran = await _run_grouped(url.replace("redis://", "redis://nofn:pw@"), "fq", 40, 4)
+            assert ran == {f"g{g}": list(range(10)) for g in range(4)}
+            assert await admin.function_list() == []
+            stats = await admin.info("commandstats")
+            assert stats["cmdstat_evalsha"]["calls"] >= 40
+        finally:
+            await admin.aclose()
 
 
 # -- invariant 7: Redis Cluster safety -----------------------------------------------------------------

@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bullmq_compat._wire.fastconn import FastConnection, FastPathUnavailable, ReplyError
-from bullmq_compat._wire.runner import ScriptRunner
+from bullmq_compat._wire.runner import FunctionLibraries, ScriptRunner
 from bullmq_compat._wire.worker_calls import Call
 
 
@@ -97,6 +97,7 @@ class FastChannel(Channel):
         self._conn: Optional[FastConnection] = None
         self._blocking: Optional[FastConnection] = None
         self._opening: Optional[asyncio.Future[FastConnection]] = None
+        self._functions = FunctionLibraries()
         self._closed = False
 
     @classmethod
@@ -124,6 +125,13 @@ class FastChannel(Channel):
         conn = self._conn
         if conn is None or conn.closed:
             conn = await self._connection()
+        if script.function is not None:
+            argv = [*keys, *("" if a is None else a for a in args)]
+            return await self._functions.call(conn.execute, script, argv, lambda: self._by_sha(conn, script, keys, args))
+        return await self._by_sha(conn, script, keys, args)
+
+    @staticmethod
+    async def _by_sha(conn: FastConnection, script: Any, keys: Any, args: Any) -> Any:
         try:
             return await conn.execute(b"EVALSHA", script.sha, len(keys), *keys,
                                       *("" if a is None else a for a in args))

@@ -1,18 +1,78 @@
-"""Runs scripts by EVALSHA (SHA1s computed once), falling back to EVAL when Redis lacks one."""
+"""Runs scripts by EVALSHA (SHA1s computed once), falling back to EVAL when Redis lacks one.
+
+A script that is also in our function library (`Script.function`) runs by FCALL where Redis
+serves the library (`FunctionLibraries`), and by EVALSHA where it does not.
+"""
 from __future__ import annotations
 
-from typing import Any, Sequence
+import asyncio
+from typing import Any, Awaitable, Callable, Optional, Sequence
 
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 
-from bullmq_compat._wire.lua import Script, upstream_scripts
+from bullmq_compat._wire.lua import Library, Script, upstream_scripts
 
 Call = tuple[Script, Sequence[Any], Sequence[Any]]
+Execute = Callable[..., Awaitable[Any]]
 
 
 def _argv(keys: Sequence[Any], args: Sequence[Any]) -> list[Any]:
     # ioredis sends undefined/null arguments as empty strings; so do we.
     return [*keys, *("" if a is None else a for a in args)]
+
+
+def _refused(err: BaseException) -> bool:
+    """Redis will not run our functions: no FCALL (before 7.0) or not for this user (ACL)."""
+    text = str(err).lower()
+    return isinstance(err, NoPermissionError) or getattr(err, "code", "") == "NOPERM" or "unknown command" in text
+
+
+class FunctionLibraries:
+    """Whether one Redis serves our function library: loaded there on first need (one load at a
+    time, however many calls wait for it), and given up for EVALSHA if Redis refuses it."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.usable: Optional[bool] = None if enabled else False
+        self._loading: Optional[asyncio.Future[None]] = None
+
+    async def call(self, execute: Execute, script: Script, argv: Sequence[Any],
+                   fallback: Callable[[], Awaitable[Any]]) -> Any:
+        """``FCALL`` ``script``'s function (``argv``: its keys then args), loading the library if
+        Redis lacks it (the call did not run then, so it is sent again); ``fallback()`` (EVALSHA)
+        when Redis will not serve the library, or keeps losing it (FUNCTION FLUSH meanwhile)."""
+        if script.function is None or script.library is None or self.usable is False:
+            return await fallback()
+        for _ in range(3):
+            try:
+                return await execute("FCALL", script.function, script.num_keys, *argv)
+            except ResponseError as err:
+                if _refused(err):
+                    self.usable = False
+                    return await fallback()
+                if "function not found" not in str(err).lower():
+                    raise
+            await self.load(execute, script.library)
+            if not self.usable:
+                break
+        return await fallback()
+
+    async def load(self, execute: Execute, library: Library) -> None:
+        if self._loading is None:
+            self._loading = asyncio.ensure_future(self._load(execute, library))
+        try:
+            await asyncio.shield(self._loading)
+        finally:
+            if self._loading is not None and self._loading.done():
+                self._loading = None
+
+    async def _load(self, execute: Execute, library: Library) -> None:
+        try:
+            await execute("FUNCTION", "LOAD", library.lua)
+        except ResponseError as err:
+            if "already exists" not in str(err).lower():  # else: loaded by another client meanwhile
+                self.usable = False
+                return
+        self.usable = True
 
 
 class ScriptRunner:
@@ -21,6 +81,8 @@ class ScriptRunner:
     def __init__(self, client: Any) -> None:
         self.client = client
         self._loaded: set[str] = set()  # SHA1s seen loaded on the server (see call_many)
+        # a Redis Cluster would need the library on every master: its scripts run by EVALSHA
+        self.functions = FunctionLibraries(enabled=type(client).__name__ != "RedisCluster")
 
     @staticmethod
     def script(name: str) -> Script:
@@ -30,11 +92,17 @@ class ScriptRunner:
         if isinstance(script, str):
             script = self.script(script)
         argv = _argv(keys, args)
-        try:
-            return await self.client.evalsha(script.sha, len(keys), *argv)
-        except NoScriptError:
-            # EVAL caches the script server-side, so the next EVALSHA finds it.
-            return await self.client.eval(script.lua, len(keys), *argv)
+
+        async def by_sha() -> Any:
+            try:
+                return await self.client.evalsha(script.sha, len(keys), *argv)
+            except NoScriptError:
+                # EVAL caches the script server-side, so the next EVALSHA finds it.
+                return await self.client.eval(script.lua, len(keys), *argv)
+
+        if script.function is None:
+            return await by_sha()
+        return await self.functions.call(self.client.execute_command, script, argv, by_sha)
 
     async def call_many(self, calls: Sequence[Call]) -> list[Any]:
         """Many script calls in one round trip; each result or its exception, in order.

@@ -64,7 +64,7 @@ rcall("HSET", jobKey, "gid", gid, "gseq", seq, "gord", ARGV[5])
 rcall("ZADD", prefix .. "grp:held:" .. gid, tonumber(ARGV[5]), seq .. jobId)
 rcall("HSET", prefix .. "grp:jobs", jobId, gid)
 rcall("SADD", prefix .. "grp:index", gid)
-rcall("ZADD", q.waitingChildren, timestamp, jobId)
+rcall("ZADD", q.waitingChildren, heldScore(seq, opts["delay"], opts["priority"], opts["lifo"]), jobId)
 
 releaseHeldGroupJobs(prefix, gid, q, now, maxEvents)
 

@@ -29,7 +29,7 @@ if type(result) == "table" or result >= 0 then
     rcall("HDEL", prefix .. "grp:jobs", jobId)
     local q = { wait = KEYS[1], active = KEYS[2], prioritized = KEYS[3], events = KEYS[4],
       delayed = KEYS[7], meta = KEYS[9], pc = KEYS[10], marker = KEYS[14], waitingChildren = KEYS[15] }
-    releaseHeldGroupJobs(prefix, gid, q, tonumber(ARGV[2]), nil)
+    releaseHeldGroupJobs(prefix, gid, q, tonumber(ARGV[2]), nil, true)
   end
 end
 return result

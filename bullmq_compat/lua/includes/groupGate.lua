@@ -15,6 +15,11 @@
   A group job's hash also has "gid", "gseq" (its 15-digit add sequence), so an entry left
   behind by a removed job is never taken for a later job that reuses its custom id, and "gord"
   (its order score), so a retried job goes back to its place in the group.
+
+  A held job's score in upstream's waiting-children set is its add sequence (plus 0.5 when it has
+  a delay, a priority or lifo): unique to it, so that releasing it takes it out of
+  waiting-children by that score without reading its hash, and never takes a later job that
+  reuses its id. (Bull-Board and Node list waiting-children by score: held jobs in add order.)
 ]]
 
 --- @include "<upstream>/includes/addDelayedJob"
@@ -25,9 +30,18 @@
 
 local GROUP_SEQ_DIGITS = 15
 
-local function groupConcurrency(prefix, gid)
-  local conc = rcall("HMGET", prefix .. "grp:conc", gid, "*")
-  return tonumber(conc[1]) or tonumber(conc[2]) or 1
+-- A group's concurrency, whether it is paused, and whether the queue has any group settings. A
+-- queue that never set a concurrency nor paused a group (the usual case) has neither key: one
+-- EXISTS tells, and also that none of its groups ever had more than one slot (grp:conc loses no
+-- field but by obliterate).
+local function groupSettings(prefix, gid)
+  local concKey = prefix .. "grp:conc"
+  local pausedKey = prefix .. "grp:paused"
+  if rcall("EXISTS", concKey, pausedKey) == 0 then
+    return 1, false, false
+  end
+  local conc = rcall("HMGET", concKey, gid, "*")
+  return tonumber(conc[1]) or tonumber(conc[2]) or 1, rcall("SISMEMBER", pausedKey, gid) == 1, true
 end
 
 -- The job hash fields the gate reads of a held job, in one HMGET: {gid, gseq, timestamp, delay,
@@ -43,13 +57,59 @@ local function isOwnHeldJob(fields, gid, member)
   return fields[1] == gid and (not fields[2] or fields[2] == string.sub(member, 1, GROUP_SEQ_DIGITS))
 end
 
+-- A held job's score in waiting-children (see the top): its add sequence `seq` (text), plus 0.5
+-- when releasing it needs more of its hash than its id (a delay, a priority, lifo).
+local function heldScore(seq, delay, priority, lifo)
+  local score = tonumber(seq)
+  if (tonumber(delay) or 0) > 0 or (tonumber(priority) or 0) > 0 or lifo then
+    return score + 0.5
+  end
+  return score
+end
+
+-- Is lifo set in a job's stored opts (upstream's cjson text: a plain search, without decoding)?
+local function isLifo(opts)
+  return opts ~= nil and opts ~= false and string.find(opts, '"lifo":true', 1, true) ~= nil
+end
+
+-- Take the popped held member `member` of group `gid` out of waiting-children. Returns true for
+-- a job released as a plain job, its hash fields (heldJobFields) for one that needs them, or nil
+-- for a job that is gone (removed meanwhile; its id may even name a newer job by now).
+local function takeHeldJob(prefix, gid, member, q)
+  local seqText = string.sub(member, 1, GROUP_SEQ_DIGITS)
+  local seq = tonumber(seqText)
+  local jobId = string.sub(member, GROUP_SEQ_DIGITS + 1)
+  if seq then
+    if rcall("ZREMRANGEBYSCORE", q.waitingChildren, seqText, seqText) == 1 then
+      return true
+    end
+    if rcall("ZREMRANGEBYSCORE", q.waitingChildren, seq + 0.5, seq + 0.5) == 1 then
+      return heldJobFields(prefix, jobId)
+    end
+  end
+  -- not under its own score: removed, or held by an earlier version (scored by its timestamp)
+  local fields = heldJobFields(prefix, jobId)
+  local own = isOwnHeldJob(fields, gid, member)
+  if own and rcall("ZREM", q.waitingChildren, jobId) == 1 then
+    return fields
+  end
+  if own or not fields[1] then
+    rcall("HDEL", prefix .. "grp:jobs", jobId)
+  end
+  return nil
+end
+
 -- Enqueue a job that was held: exactly as upstream adds it (delayed, prioritized or waiting).
+-- fields: as takeHeldJob returns them (true: a job with no delay, priority or lifo).
 local function enqueueReleasedJob(jobId, fields, q, now, maxEvents, pausedOrMaxed)
+  if fields == true then
+    fields = {}
+  end
   local timestamp = tonumber(fields[3]) or now
   local delay = tonumber(fields[4]) or 0
   local priority = tonumber(fields[5]) or 0
   if delay > 0 and timestamp + delay > now then
-    addDelayedJob(jobId, q.delayed, q.events, timestamp, maxEvents, q.marker, delay)
+    addDelayedJob(jobId, q.delayed, q.events, timestamp, maxEvents or getOrSetMaxEvents(q.meta), q.marker, delay)
     return pausedOrMaxed
   end
   if pausedOrMaxed == nil then
@@ -58,42 +118,44 @@ local function enqueueReleasedJob(jobId, fields, q, now, maxEvents, pausedOrMaxe
   if priority > 0 then
     addJobWithPriority(q.marker, q.prioritized, priority, jobId, q.pc, pausedOrMaxed)
   else
-    -- the stored opts are upstream's cjson text: a plain search finds lifo without decoding it all
-    local lifo = fields[6] and string.find(fields[6], '"lifo":true', 1, true)
-    addJobInTargetList(q.wait, q.marker, lifo and "RPUSH" or "LPUSH", pausedOrMaxed, jobId)
+    addJobInTargetList(q.wait, q.marker, isLifo(fields[6]) and "RPUSH" or "LPUSH", pausedOrMaxed, jobId)
   end
-  rcall("XADD", q.events, "MAXLEN", "~", maxEvents, "*", "event", "waiting", "jobId", jobId,
-    "prev", "waiting-children")
+  if maxEvents then
+    rcall("XADD", q.events, "MAXLEN", "~", maxEvents, "*", "event", "waiting", "jobId", jobId,
+      "prev", "waiting-children")
+  else -- the caller trimmed the stream in this call (upstream's finish does, as its events need no MAXLEN)
+    rcall("XADD", q.events, "*", "event", "waiting", "jobId", jobId, "prev", "waiting-children")
+  end
   return pausedOrMaxed
 end
 
 -- Release held jobs of a group while it has free slots; returns how many were released.
--- maxEvents may be nil: it is then read only if a job is released.
-local function releaseHeldGroupJobs(prefix, gid, q, now, maxEvents)
+-- maxEvents nil: the caller has trimmed the events stream in this call (a job's finish), so the
+-- events of released jobs are added without MAXLEN. slotFreed: the caller has just freed a slot of
+-- the group (the finished job's).
+local function releaseHeldGroupJobs(prefix, gid, q, now, maxEvents, slotFreed)
   local heldKey = prefix .. "grp:held:" .. gid
   local runKey = prefix .. "grp:run:" .. gid
   local released = 0
-  if rcall("SISMEMBER", prefix .. "grp:paused", gid) == 0 then
-    local limit = groupConcurrency(prefix, gid)
+  local limit, paused, configured = groupSettings(prefix, gid)
+  if not paused then
     local pausedOrMaxed = nil
-    local running = rcall("SCARD", runKey)
+    local running = 0 -- one slot at most, ever, and it was just freed
+    if configured or not slotFreed then
+      running = rcall("SCARD", runKey)
+    end
     while running < limit do
       local first = rcall("ZPOPMIN", heldKey)[1]
       if not first then
         break
       end
       local jobId = string.sub(first, GROUP_SEQ_DIGITS + 1)
-      -- a held job removed meanwhile (Bull-Board, Node job.remove()) has left waiting-children;
-      -- its id may even name a newer job by now, whose bookkeeping is left alone
-      local fields = heldJobFields(prefix, jobId)
-      local own = isOwnHeldJob(fields, gid, first)
-      if own and rcall("ZREM", q.waitingChildren, jobId) == 1 then
-        maxEvents = maxEvents or getOrSetMaxEvents(q.meta)
+      -- a held job removed meanwhile (Bull-Board, Node job.remove()) has left waiting-children
+      local fields = takeHeldJob(prefix, gid, first, q)
+      if fields then
         pausedOrMaxed = enqueueReleasedJob(jobId, fields, q, now, maxEvents, pausedOrMaxed)
         running = running + rcall("SADD", runKey, jobId)
         released = released + 1
-      elseif own or not fields[1] then
-        rcall("HDEL", prefix .. "grp:jobs", jobId)
       end
     end
   end
@@ -110,7 +172,7 @@ end
 -- upstream retry it), or -3 when the job is not in `stateKey`.
 local function regateFinishedJob(prefix, jobId, stateKey, prevState, resetAtm, resetAts, q, now, maxEvents)
   local jobKey = prefix .. jobId
-  local fields = rcall("HMGET", jobKey, "gid", "gseq", "timestamp", "gord")
+  local fields = rcall("HMGET", jobKey, "gid", "gseq", "timestamp", "gord", "delay", "priority", "opts")
   local gid = fields[1]
   if not gid or not fields[2] then
     return 0
@@ -132,7 +194,7 @@ local function regateFinishedJob(prefix, jobId, stateKey, prevState, resetAtm, r
   rcall("ZADD", prefix .. "grp:held:" .. gid, tonumber(fields[4]) or timestamp, fields[2] .. jobId)
   rcall("HSET", prefix .. "grp:jobs", jobId, gid)
   rcall("SADD", prefix .. "grp:index", gid)
-  rcall("ZADD", q.waitingChildren, timestamp, jobId)
+  rcall("ZADD", q.waitingChildren, heldScore(fields[2], fields[5], fields[6], isLifo(fields[7])), jobId)
   rcall("XADD", q.events, "MAXLEN", "~", maxEvents, "*", "event", "waiting-children", "jobId", jobId,
     "prev", prevState)
   releaseHeldGroupJobs(prefix, gid, q, now, maxEvents)
