@@ -148,9 +148,17 @@ async def test_long_running_worker_keeps_its_connections_and_memory(redis_url: s
     report(f"RSS growth {first['rss_kb']} -> {last['rss_kb']} KB: {last['rss_kb'] - first['rss_kb']} KB "
            f"over {checkpoints[-1] - checkpoints[0]} jobs (bound {LEAK_BOUND_KB} KB)")
     print(f"clients {last['clients']}, their last commands {last['cmds']}")
+    # The worker's redis-py pool opens a second connection the first time two commands of the
+    # worker's tasks that use it overlap, which may happen after the first sample (seen in about
+    # one run in five, before and after the group finish became a Redis Function; last command
+    # EVALSHA): one connection more, once, is that, not a leak (a leak grows with the jobs:
+    # thousands here).
     for n, s in samples.items():
-        assert s["sockets"] == first["sockets"], f"sockets after {n} jobs: {s['sockets']} (first {first['sockets']})"
-        assert s["clients"] == first["clients"], f"Redis clients after {n} jobs: {s['clients']} vs {first['clients']}"
+        assert first["sockets"] <= s["sockets"] <= first["sockets"] + 1, \
+            f"sockets after {n} jobs: {s['sockets']} (first {first['sockets']})"
+        assert len(first["clients"]) <= len(s["clients"]) <= len(first["clients"]) + 1, \
+            f"Redis clients after {n} jobs: {s['clients']} vs {first['clients']}"
+    assert last["sockets"] - first["sockets"] == len(last["clients"]) - len(first["clients"])
     assert len(first["clients"]) == first["tcp"], "a TCP socket of the worker is not a Redis connection"
     # the worker's own: its fast connection, its marker wait, redis-py's pool and the group keeper's
     # stream reader (the other two are the test handler's records, at most two by its pool)
