@@ -600,6 +600,26 @@ async def test_raising_concurrency_releases_held_jobs_and_default_applies_to_all
             await queue.set_group_concurrency("M", 0)
 
 
+async def test_group_settings_are_flagged_in_meta_and_a_sweep_flags_older_ones(
+        redis_url: str, queue_name: str, redis: aioredis.Redis) -> None:
+    """Releases read the queue's meta hash anyway (paused, global concurrency): a flag there says
+    whether any group has a setting, so a queue without settings reads no more. Settings written
+    before the flag existed are flagged by the next sweep, and hold again from then on."""
+    meta, flag = f"bull:{queue_name}:meta", "bullmq-compat:group-settings"
+    async with a_queue(queue_name, redis_url) as queue:
+        await queue.add("k", {}, group="A")
+        assert await redis.hget(meta, flag) is None
+        await queue.set_group_concurrency("B", 2)
+        assert await redis.hget(meta, flag) == "1"
+        await redis.hdel(meta, flag)  # as an earlier version left it
+        await queue.sweep_groups()
+        assert await redis.hget(meta, flag) == "1"
+        for s in range(3):
+            await queue.add("k", {"s": s}, group="B")
+        assert (await queue.get_groups())[-1] == {"id": "B", "waiting": 1, "running": 2, "paused": False,
+                                                   "concurrency": 2}
+
+
 # -- invariant 2 with order_ms; pause, resume, listing, deleting, refusing ----------------------------
 
 async def test_a_late_job_with_an_earlier_order_ms_runs_before_jobs_not_yet_started(
@@ -832,6 +852,37 @@ async def test_obliterate_refused_for_active_jobs_leaves_the_groups_whole(
             assert await queue.get_groups() == [] and await queue.get_job(jobs[2].id) is None
         finally:
             await worker.close()
+
+
+async def test_a_sweep_costs_a_few_commands_per_busy_group() -> None:
+    """A group whose one slot is taken by a job still running costs a sweep its running set and one
+    read of that job's hash (not a release attempt); a slot whose job finished outside any
+    group-aware worker is freed and the next job released by the same sweep."""
+    async with private_redis() as url:
+        admin = aioredis.Redis.from_url(url, decode_responses=True)
+        async with a_queue("sq", url) as queue:
+            for s in range(2):
+                await queue.add_bulk([{"name": "s", "data": {}, "opts": {"group": f"g{g}"}} for g in range(40)])
+            worker = Worker("sq", connection=url, group_keeper=False)
+            try:
+                heads = [await worker.get_next_job(f"t{g}") for g in range(40)]
+                assert all(heads)
+                await admin.config_resetstat()
+                assert await queue.sweep_groups() == 0
+                stats = await admin.info("commandstats")
+                nested = sum(v["calls"] for k, v in stats.items()
+                             if k not in ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_config|resetstat"))
+                assert nested <= 3 * 40 + 10, stats
+                # finished as a Node worker would (upstream's script, no release): the sweep releases
+                head = heads[0]
+                calls = worker._calls  # type: ignore[attr-defined]
+                await queue.runner.call(*calls.move_to_finished(head.id, head.opts, "completed", "null", "t0",
+                                                                 now_ms(), False))
+                assert await queue.sweep_groups() == 1
+                assert (await queue.get_job_counts("waiting"))["waiting"] == 1
+            finally:
+                await worker.close()
+        await admin.aclose()
 
 
 async def test_keepers_of_a_queue_share_one_sweep_per_interval(redis_url: str, queue_name: str) -> None:

@@ -59,7 +59,11 @@ end
 
 storeJob(q.events, jobKey, jobId, args[3], ARGV[2], opts, timestamp, nil, nil, args[8])
 local seq = string.format("%0" .. GROUP_SEQ_DIGITS .. "d", rcall("INCR", prefix .. "grp:seq"))
-rcall("HSET", jobKey, "gid", gid, "gseq", seq, "gord", ARGV[5])
+if tonumber(ARGV[5]) == tonumber(timestamp) then
+  rcall("HSET", jobKey, "gid", gid, "gseq", seq) -- ordered by its timestamp: no "gord" to read
+else
+  rcall("HSET", jobKey, "gid", gid, "gseq", seq, "gord", ARGV[5])
+end
 
 rcall("ZADD", prefix .. "grp:held:" .. gid, tonumber(ARGV[5]), seq .. jobId)
 rcall("HSET", prefix .. "grp:jobs", jobId, gid)

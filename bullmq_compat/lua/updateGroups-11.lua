@@ -33,11 +33,15 @@ local op = ARGV[2]
 local now = tonumber(ARGV[5])
 local maxEvents = getOrSetMaxEvents(q.meta)
 
-local function freeFinished(gid)
-  local runKey = prefix .. "grp:run:" .. gid
-  for _, jobId in ipairs(rcall("SMEMBERS", runKey)) do
-    freeGroupSlot(prefix, gid, jobId, q)
+-- Free the slots of the group's finished jobs; true when the group may have a slot to fill: one
+-- was freed, none is taken, or the queue has group settings (a group may have more than one).
+local function freeFinished(gid, hasSettings)
+  local running = rcall("SMEMBERS", prefix .. "grp:run:" .. gid)
+  local freed = false
+  for _, jobId in ipairs(running) do
+    freed = freeGroupSlot(prefix, gid, jobId, q, true) or freed
   end
+  return freed or #running == 0 or hasSettings
 end
 
 if op == "release" then
@@ -51,20 +55,27 @@ if op == "release" then
   end
   return 0
 elseif op == "sweep" then
+  if ARGV[3] == "0" and rcall("EXISTS", prefix .. "grp:conc", prefix .. "grp:paused") > 0 then
+    flagGroupSettings(q) -- settings written before the flag was
+  end
   local page = rcall("SSCAN", prefix .. "grp:index", ARGV[3], "COUNT", tonumber(ARGV[4]))
   local released = 0
+  local _, hasSettings = queueReleaseState(q)
   for _, gid in ipairs(page[2]) do
-    freeFinished(gid)
-    released = released + releaseHeldGroupJobs(prefix, gid, q, now, maxEvents)
+    if freeFinished(gid, hasSettings) then -- (else its one slot is taken: nothing to release)
+      released = released + releaseHeldGroupJobs(prefix, gid, q, now, maxEvents)
+    end
   end
   return { page[1], released }
 elseif op == "pause" then
+  flagGroupSettings(q)
   rcall("SADD", prefix .. "grp:paused", ARGV[3])
   return 0
 elseif op == "resume" then
   rcall("SREM", prefix .. "grp:paused", ARGV[3])
   return releaseHeldGroupJobs(prefix, ARGV[3], q, now, maxEvents)
 elseif op == "concurrency" then
+  flagGroupSettings(q)
   rcall("HSET", prefix .. "grp:conc", ARGV[3], ARGV[4])
   if ARGV[3] == "*" then
     return 0

@@ -14,7 +14,8 @@
 
   A group job's hash also has "gid", "gseq" (its 15-digit add sequence), so an entry left
   behind by a removed job is never taken for a later job that reuses its custom id, and "gord"
-  (its order score), so a retried job goes back to its place in the group.
+  (its order score, when order_ms gave one other than its timestamp), so a retried job goes back
+  to its place in the group.
 
   A held job's score in upstream's waiting-children set is its add sequence (plus 0.5 when it has
   a delay, a priority or lifo): unique to it, so that releasing it takes it out of
@@ -26,22 +27,41 @@
 --- @include "<upstream>/includes/addJobInTargetList"
 --- @include "<upstream>/includes/addJobWithPriority"
 --- @include "<upstream>/includes/getOrSetMaxEvents"
---- @include "<upstream>/includes/isQueuePausedOrMaxed"
 
 local GROUP_SEQ_DIGITS = 15
 
--- A group's concurrency, whether it is paused, and whether the queue has any group settings. A
--- queue that never set a concurrency nor paused a group (the usual case) has neither key: one
--- EXISTS tells, and also that none of its groups ever had more than one slot (grp:conc loses no
--- field but by obliterate).
-local function groupSettings(prefix, gid)
-  local concKey = prefix .. "grp:conc"
-  local pausedKey = prefix .. "grp:paused"
-  if rcall("EXISTS", concKey, pausedKey) == 0 then
-    return 1, false, false
+-- A field of upstream's meta hash, "1" once any group of the queue has a setting (a concurrency,
+-- a pause); written with the setting, and by sweeps for settings older than the flag.
+local GROUP_SETTINGS_FLAG = "bullmq-compat:group-settings"
+
+-- What releasing needs of the queue, in one HMGET of its meta hash: is it paused or at its global
+-- concurrency (the test of upstream's isQueuePausedOrMaxed, which decides a released job's marker),
+-- and has any of its groups a setting?
+local function queueReleaseState(q)
+  local meta = rcall("HMGET", q.meta, "paused", "concurrency", GROUP_SETTINGS_FLAG)
+  local pausedOrMaxed = false
+  if meta[1] then
+    pausedOrMaxed = true
+  elseif meta[2] then
+    pausedOrMaxed = rcall("LLEN", q.active) >= tonumber(meta[2])
   end
-  local conc = rcall("HMGET", concKey, gid, "*")
-  return tonumber(conc[1]) or tonumber(conc[2]) or 1, rcall("SISMEMBER", pausedKey, gid) == 1, true
+  return pausedOrMaxed, meta[3] ~= false
+end
+
+-- A group's concurrency and whether it is paused. A queue none of whose groups has a setting (the
+-- usual case) reads nothing more; none of its groups ever had more than one slot then (grp:conc
+-- loses no field but by obliterate).
+local function groupSettings(prefix, gid, hasSettings)
+  if not hasSettings then
+    return 1, false
+  end
+  local conc = rcall("HMGET", prefix .. "grp:conc", gid, "*")
+  return tonumber(conc[1]) or tonumber(conc[2]) or 1, rcall("SISMEMBER", prefix .. "grp:paused", gid) == 1
+end
+
+-- Note that a group of the queue has a setting (see GROUP_SETTINGS_FLAG).
+local function flagGroupSettings(q)
+  rcall("HSET", q.meta, GROUP_SETTINGS_FLAG, "1")
 end
 
 -- The job hash fields the gate reads of a held job, in one HMGET: {gid, gseq, timestamp, delay,
@@ -100,7 +120,8 @@ local function takeHeldJob(prefix, gid, member, q)
 end
 
 -- Enqueue a job that was held: exactly as upstream adds it (delayed, prioritized or waiting).
--- fields: as takeHeldJob returns them (true: a job with no delay, priority or lifo).
+-- fields: as takeHeldJob returns them (true: a job with no delay, priority or lifo);
+-- pausedOrMaxed: as queueReleaseState tells.
 local function enqueueReleasedJob(jobId, fields, q, now, maxEvents, pausedOrMaxed)
   if fields == true then
     fields = {}
@@ -110,10 +131,7 @@ local function enqueueReleasedJob(jobId, fields, q, now, maxEvents, pausedOrMaxe
   local priority = tonumber(fields[5]) or 0
   if delay > 0 and timestamp + delay > now then
     addDelayedJob(jobId, q.delayed, q.events, timestamp, maxEvents or getOrSetMaxEvents(q.meta), q.marker, delay)
-    return pausedOrMaxed
-  end
-  if pausedOrMaxed == nil then
-    pausedOrMaxed = isQueuePausedOrMaxed(q.meta, q.active)
+    return
   end
   if priority > 0 then
     addJobWithPriority(q.marker, q.prioritized, priority, jobId, q.pc, pausedOrMaxed)
@@ -126,7 +144,6 @@ local function enqueueReleasedJob(jobId, fields, q, now, maxEvents, pausedOrMaxe
   else -- the caller trimmed the stream in this call (upstream's finish does, as its events need no MAXLEN)
     rcall("XADD", q.events, "*", "event", "waiting", "jobId", jobId, "prev", "waiting-children")
   end
-  return pausedOrMaxed
 end
 
 -- Release held jobs of a group while it has free slots; returns how many were released.
@@ -137,11 +154,11 @@ local function releaseHeldGroupJobs(prefix, gid, q, now, maxEvents, slotFreed)
   local heldKey = prefix .. "grp:held:" .. gid
   local runKey = prefix .. "grp:run:" .. gid
   local released = 0
-  local limit, paused, configured = groupSettings(prefix, gid)
+  local pausedOrMaxed, hasSettings = queueReleaseState(q)
+  local limit, paused = groupSettings(prefix, gid, hasSettings)
   if not paused then
-    local pausedOrMaxed = nil
     local running = 0 -- one slot at most, ever, and it was just freed
-    if configured or not slotFreed then
+    if hasSettings or not slotFreed then
       running = rcall("SCARD", runKey)
     end
     while running < limit do
@@ -153,7 +170,7 @@ local function releaseHeldGroupJobs(prefix, gid, q, now, maxEvents, slotFreed)
       -- a held job removed meanwhile (Bull-Board, Node job.remove()) has left waiting-children
       local fields = takeHeldJob(prefix, gid, first, q)
       if fields then
-        pausedOrMaxed = enqueueReleasedJob(jobId, fields, q, now, maxEvents, pausedOrMaxed)
+        enqueueReleasedJob(jobId, fields, q, now, maxEvents, pausedOrMaxed)
         running = running + rcall("SADD", runKey, jobId)
         released = released + 1
       end
@@ -202,16 +219,16 @@ local function regateFinishedJob(prefix, jobId, stateKey, prevState, resetAtm, r
 end
 
 -- Free a released job's slot once it has left the running states; true when freed.
-local function freeGroupSlot(prefix, gid, jobId, q)
+-- isMember: the caller read jobId from the group's running set.
+local function freeGroupSlot(prefix, gid, jobId, q, isMember)
   local runKey = prefix .. "grp:run:" .. gid
-  if rcall("SISMEMBER", runKey, jobId) == 0 then
+  if not isMember and rcall("SISMEMBER", runKey, jobId) == 0 then
     return false
   end
+  -- finished (completed or failed for good: upstream's finish sets finishedOn, a retry clears it),
   -- gone, or its id reused by a job that is not this group's
-  local finished = rcall("ZSCORE", q.completed, jobId)
-    or rcall("HGET", prefix .. jobId, "gid") ~= gid
-    or rcall("ZSCORE", q.failed, jobId)
-  if not finished then
+  local fields = rcall("HMGET", prefix .. jobId, "gid", "finishedOn")
+  if fields[1] == gid and not fields[2] then
     return false -- retrying, backing off or stalled: still the group's current job
   end
   rcall("SREM", runKey, jobId)
