@@ -23,6 +23,7 @@ import redis.exceptions as redis_exc
 from redis.asyncio.sentinel import Sentinel
 
 from bullmq_compat import Queue, RedisUnavailable, Worker
+from bullmq_compat._errors import JobLockNotFound
 from bullmq_compat._connection import describe
 from tests._cluster import LocalSentinel, _command, local_sentinel
 from tests.helpers import wait_until
@@ -122,8 +123,13 @@ async def test_worker_survives_failover(sentinel_setup: LocalSentinel, master: A
                     assert stored is not None and stored.returnvalue == {"i": job.data["i"]}, job.id
         assert "role:master" in _command(new_port, "INFO", "replication")
         assert set(done) >= set(ids)
+        # a job fetched after the replica last caught up (its move to active and lock never reached
+        # the new master) runs again there; its first run's finish then finds no lock
+        # (docs/guarantees.md): at most one per slot, and only of jobs that did complete
+        lost_locks = [e for e in errors if isinstance(e, JobLockNotFound)]
+        assert len(lost_locks) <= 2 and all(str(e.job_id) in done for e in lost_locks), lost_locks
         unexpected = [e for e in errors if not str(e).startswith(("NOREPLICAS", "READONLY"))
-                      and not isinstance(e, (redis_exc.ConnectionError, OSError))]
+                      and not isinstance(e, (redis_exc.ConnectionError, OSError, JobLockNotFound))]
         assert not unexpected, unexpected
     finally:
         await queue.close()
