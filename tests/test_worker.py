@@ -742,3 +742,33 @@ async def test_corrupt_job_hash_fails_that_job_only(redis_url: str, queue_name: 
     assert [j.id for j, _, _ in events.of("completed")] == [before.id, after.id]
     assert [j.id for j, _, _ in events.of("failed")] == [broken.id]
     assert events.of("error") == []
+
+
+async def test_a_worker_starting_on_a_fresh_redis_loads_each_script_once() -> None:
+    """All of a worker's slots start at once and find Redis without the scripts: it loads each
+    once (SCRIPT LOAD) instead of sending a script's text with every slot's first call (EVAL)."""
+    import redis.asyncio as aioredis
+
+    from tests._redis_server import RedisServer
+
+    server = RedisServer().start()
+    admin = aioredis.Redis.from_url(server.url, decode_responses=True)
+    try:
+        async with Queue("fresh", connection=server.url) as queue:
+            await queue.add_bulk([{"name": "j", "data": {"i": i}} for i in range(60)])
+            await admin.script_flush()
+            await admin.config_resetstat()
+            done: list[str] = []
+
+            async def process(job: Job) -> None:
+                done.append(job.id)
+
+            worker = Worker("fresh", process, connection=server.url, concurrency=20)
+            async with worker:
+                await wait_until(lambda: len(done) == 60, 15, "60 jobs")
+            stats = await admin.info("commandstats")
+            assert "cmdstat_eval" not in stats, stats.get("cmdstat_eval")
+            assert 1 <= stats["cmdstat_script|load"]["calls"] <= 4, stats["cmdstat_script|load"]
+    finally:
+        await admin.aclose()
+        server.stop()

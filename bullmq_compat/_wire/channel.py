@@ -98,6 +98,7 @@ class FastChannel(Channel):
         self._blocking: Optional[FastConnection] = None
         self._opening: Optional[asyncio.Future[FastConnection]] = None
         self._functions = FunctionLibraries()
+        self._script_loads: dict[str, asyncio.Future[Any]] = {}
         self._closed = False
 
     @classmethod
@@ -130,16 +131,30 @@ class FastChannel(Channel):
             return await self._functions.call(conn.execute, script, argv, lambda: self._by_sha(conn, script, keys, args))
         return await self._by_sha(conn, script, keys, args)
 
-    @staticmethod
-    async def _by_sha(conn: FastConnection, script: Any, keys: Any, args: Any) -> Any:
+    async def _by_sha(self, conn: FastConnection, script: Any, keys: Any, args: Any) -> Any:
+        argv = [*keys, *("" if a is None else a for a in args)]
         try:
-            return await conn.execute(b"EVALSHA", script.sha, len(keys), *keys,
-                                      *("" if a is None else a for a in args))
+            return await conn.execute(b"EVALSHA", script.sha, len(keys), *argv)
         except ReplyError as err:
             if err.code != "NOSCRIPT":
                 raise
-            return await conn.execute(b"EVAL", script.lua, len(keys), *keys,
-                                      *("" if a is None else a for a in args))
+        # Redis lacks the script (a new or flushed Redis): load it once, however many calls found
+        # it missing (a worker's slots all start at once), rather than send its text with each
+        try:
+            await self._load_script(conn, script)
+            return await conn.execute(b"EVALSHA", script.sha, len(keys), *argv)
+        except ReplyError as err:
+            if err.code not in ("NOSCRIPT", "NOPERM"):
+                raise
+        return await conn.execute(b"EVAL", script.lua, len(keys), *argv)
+
+    async def _load_script(self, conn: FastConnection, script: Any) -> None:
+        loading = self._script_loads.get(script.sha)
+        if loading is None:
+            loading = self._script_loads[script.sha] = asyncio.ensure_future(
+                conn.execute(b"SCRIPT", b"LOAD", script.lua))
+            loading.add_done_callback(lambda _: self._script_loads.pop(script.sha, None))
+        await asyncio.shield(loading)
 
     async def call_many(self, calls: list[Call], raise_errors: bool = True) -> list[Any]:
         """With ``raise_errors=False`` each failed call's exception is returned in its place."""
