@@ -21,6 +21,7 @@ from bullmq_compat._connection import Connection, RedisHandle
 from bullmq_compat._errors import BullMQCompatError, InvalidArgument, InvalidJobOptions, script_error
 from bullmq_compat._job import Job
 from bullmq_compat._queue import Queue, check_prefix, check_queue_name
+from bullmq_compat._telemetry import BULK_COUNT, BULK_NAMES, FLOW_NAME, JOB_ID, JOB_NAME, SpanKind, Telemetry, resolve
 from bullmq_compat._wire.adding import PreparedAdd, prepare_add
 from bullmq_compat._wire.lua import Script, upstream_scripts
 from bullmq_compat._wire.options import merge_defaults, normalize_job_options
@@ -90,8 +91,12 @@ class FlowProducer:
     failure does to its parent, as in Node.
     """
 
-    def __init__(self, connection: Connection = None, *, prefix: str = "bull") -> None:
+    def __init__(self, connection: Connection = None, *, prefix: str = "bull", telemetry: Any = None) -> None:
         self.prefix = check_prefix(prefix)
+        # OpenTelemetry, as Node's FlowProducer with bullmq-otel: a producer span "addFlow <queue>"
+        # (or "addBulkFlows"), one "addNode <queue>" per job below it (a child's under its
+        # parent's), and each job's opts.tm holding its addNode span's context
+        self.telemetry: Optional[Telemetry] = resolve(telemetry)
         self._redis = RedisHandle(connection)
         self.client: Any = self._redis.client
         self._queues: dict[tuple[str, str], Queue] = {}
@@ -135,20 +140,41 @@ class FlowProducer:
         ``queues_options`` gives default job options per queue name:
         ``{"frames": {"default_job_options": {"attempts": 3}}}``.
         """
-        return (await self._add([flow], queues_options))[0]
+        return (await self._add([flow], queues_options, bulk=False))[0]
 
     async def add_bulk(self, flows: Sequence[Mapping[str, Any]]) -> list[JobNode]:
         """Add several flows in one transaction; a bad one refuses them all before anything is written."""
         if isinstance(flows, (str, bytes, Mapping)) or not isinstance(flows, Sequence):
             raise InvalidArgument(f"add_bulk takes a list of flows, not {type(flows).__name__}")
-        return await self._add(list(flows), None)
+        return await self._add(list(flows), None, bulk=True)
 
-    async def _add(self, flows: list[Mapping[str, Any]],
-                   queues_options: Optional[Mapping[str, Mapping[str, Any]]]) -> list[JobNode]:
+    async def _add(self, flows: list[Mapping[str, Any]], queues_options: Optional[Mapping[str, Mapping[str, Any]]],
+                   *, bulk: bool) -> list[JobNode]:
         if self.closing:
             raise BullMQCompatError("this FlowProducer is closed")
+        if self.telemetry is None:
+            return await self._add_flows(flows, queues_options, None)
+        if bulk:
+            names = ",".join(str(flow.get("name")) for flow in flows if isinstance(flow, Mapping))
+            traced = self.telemetry.span(SpanKind.PRODUCER, "", "addBulkFlows",
+                                         attributes={BULK_COUNT: len(flows), BULK_NAMES: names})
+        else:
+            root = flows[0] if isinstance(flows[0], Mapping) else {}
+            queue_name = str(root.get("queue_name", root.get("queueName", "")))
+            traced = self.telemetry.span(SpanKind.PRODUCER, queue_name, "addFlow", queue_name,
+                                         attributes={FLOW_NAME: str(root.get("name"))})
+        with traced:
+            return await self._add_flows(flows, queues_options, [])
+
+    async def _add_flows(self, flows: list[Mapping[str, Any]],
+                         queues_options: Optional[Mapping[str, Mapping[str, Any]]],
+                         node_spans: Optional[list[Any]]) -> list[JobNode]:
         defaults = self._queue_defaults(queues_options)
-        entries, roots = self._collect(flows, defaults)
+        try:
+            entries, roots = self._collect(flows, defaults, node_spans)
+        finally:
+            for span in reversed(node_spans or []):  # children's first, as Node's nested spans end
+                span.end()
         if not entries:
             return roots
         await self.wait_until_ready()
@@ -210,16 +236,17 @@ class FlowProducer:
             out[name] = normalize_job_options(raw)
         return out
 
-    def _collect(self, flows: list[Mapping[str, Any]], defaults: Mapping[str, dict[str, Any]]
-                 ) -> tuple[list[_Entry], list[JobNode]]:
-        """Validate and encode every node, level by level (Node's order): parents come first."""
+    def _collect(self, flows: list[Mapping[str, Any]], defaults: Mapping[str, dict[str, Any]],
+                 node_spans: Optional[list[Any]] = None) -> tuple[list[_Entry], list[JobNode]]:
+        """Validate and encode every node, level by level (Node's order): parents come first.
+        With ``node_spans``, each node's addNode span is started (under its parent's) and kept there."""
         entries: list[_Entry] = []
         roots: list[JobNode] = []
-        pending: collections.deque[tuple[Any, Optional[dict[str, Any]], str, Optional[JobNode]]] = \
-            collections.deque((flow, None, f"flow[{i}]", None) for i, flow in enumerate(flows))
+        pending: collections.deque[tuple[Any, Optional[dict[str, Any]], str, Optional[JobNode], Any]] = \
+            collections.deque((flow, None, f"flow[{i}]", None, None) for i, flow in enumerate(flows))
         while pending:
-            spec, parent_opts, path, holder = pending.popleft()
-            entry, children = self._entry(spec, parent_opts, path, defaults)
+            spec, parent_opts, path, holder, trace_parent = pending.popleft()
+            entry, children, trace_context = self._entry(spec, parent_opts, path, defaults, node_spans, trace_parent)
             entries.append(entry)
             node = entry.node
             if holder is None:
@@ -228,11 +255,28 @@ class FlowProducer:
                 holder.children.append(node)
             link_for_children = {"id": str(node.job.id), "queue": node.job.queue.qualified_name}
             for i, child in enumerate(children):
-                pending.append((child, link_for_children, f"{path}.children[{i}]", node))
+                pending.append((child, link_for_children, f"{path}.children[{i}]", node, trace_context))
         return entries, roots
 
+    def _traced_node(self, opts: dict[str, Any], queue_name: str, name: Any, job_id: str,
+                     node_spans: list[Any], trace_parent: Any) -> Any:
+        """Start the node's addNode span and store its context in the job's options (opts.tm) as
+        Node does: metadata the job was given wins; omit_context stores none."""
+        assert self.telemetry is not None
+        span, context = self.telemetry.start(SpanKind.PRODUCER, queue_name, "addNode", queue_name, trace_parent,
+                                             {JOB_NAME: str(name), JOB_ID: job_id})
+        node_spans.append(span)
+        given = opts.get("telemetry") or {}
+        omit = bool(given.get("omitContext"))
+        metadata = given.get("metadata") or (None if omit else Telemetry.metadata(context))
+        if metadata or omit:
+            opts["telemetry"] = {**({"metadata": metadata} if metadata else {}),
+                                 **({"omitContext": True} if omit else {})}
+        return context
+
     def _entry(self, spec: Any, parent_opts: Optional[dict[str, Any]], path: str,
-               defaults: Mapping[str, dict[str, Any]]) -> tuple[_Entry, list[Any]]:
+               defaults: Mapping[str, dict[str, Any]], node_spans: Optional[list[Any]] = None,
+               trace_parent: Any = None) -> tuple[_Entry, list[Any], Any]:
         if not isinstance(spec, Mapping):
             raise InvalidArgument(f"{path} must be a dict with name, queue_name, data, opts, children; got {spec!r}")
         unknown = set(spec) - _NODE_KEYS
@@ -266,6 +310,9 @@ class FlowProducer:
                 if parent:
                     raise InvalidJobOptions("options deduplication and parent cannot be used together")
             job_id = opts.get("jobId") or str(uuid.uuid4())
+            trace_context = None
+            if node_spans is not None:
+                trace_context = self._traced_node(opts, queue_name, spec["name"], job_id, node_spans, trace_parent)
             parent_key = link = None
             if parent:
                 parent_key = f"{parent['queue']}:{parent['id']}"
@@ -282,7 +329,7 @@ class FlowProducer:
             raise type(err)(f"{label}: {err}") from None
         job = queue._job_from(prepared, job_id)
         job.parent = link
-        return _Entry(prepared, JobNode(job), parent_key), list(children)
+        return _Entry(prepared, JobNode(job), parent_key), list(children), trace_context
 
     # -- reading --------------------------------------------------------------------------------
     async def get_flow(self, opts: Optional[Mapping[str, Any]] = None, **kwargs: Any) -> Optional[JobNode]:

@@ -1,7 +1,8 @@
 """OpenTelemetry traces across languages, with `opentelemetry-api` only (no SDK at run time).
 
 Spans and the stored context follow Node's BullMQ with `bullmq-otel` 2.0.1: a producer span
-``add <queue>.<job name>`` on add, a consumer span ``process <queue>`` around processing, and
+``add <queue>.<job name>`` on add (``addFlow <queue>``, ``addBulkFlows`` and one ``addNode
+<queue>`` per job for flows), a consumer span ``process <queue>`` around processing, and
 the producer's context stored in the job's ``opts.tm`` as a JSON string of the propagated
 carrier (W3C ``traceparent``...), so a trace started in Node continues in Python and back.
 ``opts.omc`` (omit context) is respected.
@@ -30,6 +31,7 @@ WORKER_NAME = "bullmq.worker.name"
 JOB_ATTEMPTS_MADE = "bullmq.job.attempts.made"
 JOB_RESULT = "bullmq.job.result"
 JOB_FAILED_REASON = "bullmq.job.failed.reason"
+FLOW_NAME = "bullmq.flow.name"
 # OpenTelemetry messaging semantic conventions, alongside bullmq's own
 MESSAGING_SYSTEM = "messaging.system"
 MESSAGING_DESTINATION = "messaging.destination.name"
@@ -64,13 +66,10 @@ class Telemetry:
             return None
         return propagate.extract(carrier) if isinstance(carrier, dict) else None
 
-    @contextlib.contextmanager
-    def span(self, kind: SpanKind, queue_name: str, operation: str, destination: Optional[str] = None,
-             parent_metadata: Optional[str] = None, attributes: Optional[Mapping[str, Any]] = None
-             ) -> Iterator[tuple[Any, str]]:
-        """A span named ``"<operation> <destination>"`` as bullmq names it; yields (span, metadata)
-        where metadata is the carrier to store in a job's ``opts.tm``."""
-        parent = self.context_from(parent_metadata)
+    def start(self, kind: SpanKind, queue_name: str, operation: str, destination: Optional[str] = None,
+              parent: Any = None, attributes: Optional[Mapping[str, Any]] = None) -> tuple[Any, Any]:
+        """Start a span named and described as `span` does, under the context ``parent`` (else the
+        current one), without making it current; returns (span, its context). End it yourself."""
         name = f"{operation} {destination}" if destination else operation
         span = self.tracer.start_span(name, context=parent, kind=kind)
         span.set_attributes({QUEUE_NAME: queue_name, QUEUE_OPERATION: operation,
@@ -79,6 +78,16 @@ class Telemetry:
                                  kind, operation)})
         if attributes:
             span.set_attributes(dict(attributes))
+        return span, trace.set_span_in_context(span, parent if parent is not None else otel_context.get_current())
+
+    @contextlib.contextmanager
+    def span(self, kind: SpanKind, queue_name: str, operation: str, destination: Optional[str] = None,
+             parent_metadata: Optional[str] = None, attributes: Optional[Mapping[str, Any]] = None
+             ) -> Iterator[tuple[Any, str]]:
+        """A span named ``"<operation> <destination>"`` as bullmq names it; yields (span, metadata)
+        where metadata is the carrier to store in a job's ``opts.tm``."""
+        parent = self.context_from(parent_metadata)
+        span, _ = self.start(kind, queue_name, operation, destination, parent, attributes)
         base = parent if (kind == SpanKind.CONSUMER and parent is not None) else otel_context.get_current()
         ctx = trace.set_span_in_context(span, base)
         token = otel_context.attach(ctx)

@@ -5,9 +5,12 @@
 //     → {"id", "tm", "spans": [...]}            (the producer span Node made)
 //   node interop/otel.js consume '{"redis": url, "queue": q, "timeoutMs": 10000}'
 //     → {"id", "spans": [...]}                  (the spans Node made while processing one job)
+//   node interop/otel.js produceFlow '{"redis": url, "flow": {...}}'
+//     → {"ids": [...], "tms": {id: tm}, "spans": [...]}   (a FlowProducer's flow: every job's id
+//                                                          and stored tm, and the spans Node made)
 // A span is {name, kind, traceId, spanId, parentSpanId, attributes}.
 const IORedis = require('ioredis');
-const { Queue, Worker } = require('bullmq');
+const { FlowProducer, Queue, Worker } = require('bullmq');
 const { BullMQOtel } = require('bullmq-otel');
 const { trace, propagation } = require('@opentelemetry/api');
 const { W3CTraceContextPropagator } = require('@opentelemetry/core');
@@ -38,6 +41,21 @@ async function main() {
       const tm = await connection.hget(`bull:${args.queue}:${job.id}`, 'opts');
       await queue.close();
       return { id: job.id, tm: JSON.parse(tm).tm || null, spans: spans() };
+    }
+    if (op === 'produceFlow') {
+      const flows = new FlowProducer({ connection, telemetry });
+      const tree = await flows.add(args.flow);
+      const ids = [];
+      const tms = {};
+      const walk = async (node) => {
+        ids.push(node.job.id);
+        const opts = await connection.hget(`bull:${node.job.queueName}:${node.job.id}`, 'opts');
+        tms[node.job.id] = JSON.parse(opts).tm || null;
+        for (const child of node.children || []) await walk(child);
+      };
+      await walk(tree);
+      await flows.close();
+      return { ids, tms, spans: spans() };
     }
     if (op === 'consume') {
       let done;

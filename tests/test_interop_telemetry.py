@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from bullmq_compat import Queue, Worker
+from bullmq_compat import FlowProducer, Queue, Worker
 
 pytestmark = pytest.mark.node
 
@@ -137,3 +137,85 @@ async def test_a_failed_attempt_marks_its_consumer_span_and_a_success_does_not(r
     assert [e.name for e in failed.events] == ["job failed"] and not failed.status.is_ok
     assert succeeded.events == () or not any(e.name == "job failed" for e in succeeded.events)
     assert succeeded.status.is_unset
+
+
+# -- flows ----------------------------------------------------------------------------------------
+
+def _traceparent(tm: str) -> tuple[str, str]:
+    """(trace id, span id) of a stored opts.tm carrier."""
+    _version, trace_id, span_id, _flags = json.loads(tm)["traceparent"].split("-")
+    return trace_id, span_id
+
+
+async def test_python_flow_spans_as_node_makes_them_and_each_job_carries_its_own(redis_url, queue_name, spans):
+    """FlowProducer(telemetry=...): "addFlow <queue>" with the flow's name, an "addNode <queue>" per
+    job (a child's under its parent's, all one trace), each job's opts.tm holding its own addNode
+    span's context; omit_context stores none. add_bulk: "addBulkFlows" above the roots' addNodes."""
+    provider, exporter = spans
+    parents, children = f"{queue_name}-p", f"{queue_name}-c"
+    async with FlowProducer(redis_url, telemetry=provider) as flows:
+        tree = await flows.add({"name": "render", "queue_name": parents, "data": {}, "children": [
+            {"name": "frame", "queue_name": children, "data": {"n": 0}},
+            {"name": "frame", "queue_name": children, "data": {"n": 1}, "opts": {"telemetry": {"omit_context": True}}},
+        ]})
+        finished = {s.name: s for s in exporter.get_finished_spans() if s.name.startswith("addFlow")}
+        flow_span = finished[f"addFlow {parents}"]
+        assert flow_span.kind == SpanKind.PRODUCER and flow_span.attributes["bullmq.flow.name"] == "render"
+        nodes = [s for s in exporter.get_finished_spans() if s.name.startswith("addNode")]
+        by_job = {s.attributes["bullmq.job.id"]: s for s in nodes}
+        root, first, second = tree.job, tree.children[0].job, tree.children[1].job
+        assert set(by_job) == {root.id, first.id, second.id}
+        assert by_job[root.id].name == f"addNode {parents}" and by_job[first.id].name == f"addNode {children}"
+        assert by_job[root.id].parent.span_id == flow_span.context.span_id
+        assert by_job[first.id].parent.span_id == by_job[root.id].context.span_id
+        assert {s.context.trace_id for s in nodes} == {flow_span.context.trace_id}
+        for job in (root, first):
+            stored = await job.queue.get_job(job.id)
+            trace_id, span_id = _traceparent(stored.opts["telemetry"]["metadata"])
+            assert (trace_id, span_id) == (_hex(by_job[job.id].context.trace_id, 32),
+                                           _hex(by_job[job.id].context.span_id, 16))
+        stored = await flows.queue(children).get_job(second.id)
+        assert "metadata" not in stored.opts.get("telemetry", {})
+
+        exporter.clear()
+        await flows.add_bulk([{"name": f"b{i}", "queue_name": parents, "data": {}} for i in range(2)])
+        finished = exporter.get_finished_spans()
+        bulk = next(s for s in finished if s.name == "addBulkFlows")
+        assert bulk.attributes["bullmq.job.bulk.count"] == 2 and bulk.attributes["bullmq.job.bulk.names"] == "b0,b1"
+        assert [s.parent.span_id for s in finished if s.name.startswith("addNode")] == [bulk.context.span_id] * 2
+
+
+async def test_a_python_flow_child_processed_by_node_continues_its_addnode_span(redis_url, queue_name, spans):
+    provider, _exporter = spans
+    parents, children = f"{queue_name}-p", f"{queue_name}-c"
+    async with FlowProducer(redis_url, telemetry=provider) as flows:
+        tree = await flows.add({"name": "p", "queue_name": parents, "data": {},
+                                "children": [{"name": "c", "queue_name": children, "data": {}}]})
+    child = tree.children[0].job
+    stored = await Queue(children, redis_url).get_job(child.id)
+    trace_id, span_id = _traceparent(stored.opts["telemetry"]["metadata"])
+    result = await otel_js("consume", redis=redis_url, queue=children)
+    assert result["id"] == child.id
+    process = next(s for s in result["spans"] if s["name"].startswith("process"))
+    assert process["traceId"] == trace_id and process["parentSpanId"] == span_id
+
+
+async def test_a_node_flow_child_processed_by_python_continues_nodes_addnode_span(redis_url, queue_name, spans):
+    provider, exporter = spans
+    parents, children = f"{queue_name}-p", f"{queue_name}-c"
+    # (Node stores a node's context only when the node has opts: {} will do)
+    result = await otel_js("produceFlow", redis=redis_url, flow={
+        "name": "p", "queueName": parents, "data": {}, "opts": {},
+        "children": [{"name": "c", "queueName": children, "data": {}, "opts": {}}]})
+    node_spans = {s["attributes"].get("bullmq.job.id"): s for s in result["spans"] if s["name"].startswith("addNode")}
+    root_id, child_id = result["ids"]
+    # the spans Node makes for this flow are the ones FlowProducer(telemetry=...) makes (above)
+    assert sorted(s["name"] for s in result["spans"]) == [f"addFlow {parents}", f"addNode {children}",
+                                                          f"addNode {parents}"]
+    assert next(s for s in result["spans"] if s["name"].startswith("addFlow"))["attributes"]["bullmq.flow.name"] == "p"
+    assert _traceparent(result["tms"][child_id])[1] == node_spans[child_id]["spanId"]
+    await _process_one(children, redis_url, provider)
+    process = next(s for s in exporter.get_finished_spans() if s.name.startswith("process"))
+    assert process.attributes["bullmq.job.id"] == child_id
+    assert _hex(process.context.trace_id, 32) == node_spans[child_id]["traceId"]
+    assert _hex(process.parent.span_id, 16) == node_spans[child_id]["spanId"]
