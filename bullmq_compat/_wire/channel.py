@@ -128,7 +128,8 @@ class FastChannel(Channel):
             conn = await self._connection()
         if script.function is not None:
             argv = [*keys, *("" if a is None else a for a in args)]
-            return await self._functions.call(conn.execute, script, argv, lambda: self._by_sha(conn, script, keys, args))
+            return await self._functions.call(conn.execute, script, len(keys), argv,
+                                              lambda: self._by_sha(conn, script, keys, args))
         return await self._by_sha(conn, script, keys, args)
 
     async def _by_sha(self, conn: FastConnection, script: Any, keys: Any, args: Any) -> Any:

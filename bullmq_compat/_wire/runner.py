@@ -35,16 +35,16 @@ class FunctionLibraries:
         self.usable: Optional[bool] = None if enabled else False
         self._loading: Optional[asyncio.Future[None]] = None
 
-    async def call(self, execute: Execute, script: Script, argv: Sequence[Any],
+    async def call(self, execute: Execute, script: Script, num_keys: int, argv: Sequence[Any],
                    fallback: Callable[[], Awaitable[Any]]) -> Any:
-        """``FCALL`` ``script``'s function (``argv``: its keys then args), loading the library if
+        """``FCALL`` ``script``'s function (``argv``: its ``num_keys`` keys then args), loading the library if
         Redis lacks it (the call did not run then, so it is sent again); ``fallback()`` (EVALSHA)
         when Redis will not serve the library, or keeps losing it (FUNCTION FLUSH meanwhile)."""
         if script.function is None or script.library is None or self.usable is False:
             return await fallback()
         for _ in range(3):
             try:
-                return await execute("FCALL", script.function, script.num_keys, *argv)
+                return await execute("FCALL", script.function, num_keys, *argv)
             except ResponseError as err:
                 if _refused(err):
                     self.usable = False
@@ -102,7 +102,7 @@ class ScriptRunner:
 
         if script.function is None:
             return await by_sha()
-        return await self.functions.call(self.client.execute_command, script, argv, by_sha)
+        return await self.functions.call(self.client.execute_command, script, len(keys), argv, by_sha)
 
     async def call_many(self, calls: Sequence[Call]) -> list[Any]:
         """Many script calls in one round trip; each result or its exception, in order.
