@@ -988,6 +988,10 @@ async def test_group_finishes_fall_back_to_evalsha_where_redis_refuses_functions
             assert stats["cmdstat_evalsha"]["calls"] >= 40
         finally:
             await admin.aclose()
+    # a Redis that does not know FCALL (as before 7.0): "unknown command"
+    async with private_redis("--rename-command", "FCALL", "") as url:
+        ran = await _run_grouped(url, "fq", 20, 2)
+        assert ran == {f"g{g}": list(range(10)) for g in range(2)}
 
 
 # -- invariant 7: Redis Cluster safety -----------------------------------------------------------------
