@@ -875,9 +875,8 @@ async def test_a_sweep_costs_a_few_commands_per_busy_group() -> None:
                 assert nested <= 3 * 40 + 10, stats
                 # finished as a Node worker would (upstream's script, no release): the sweep releases
                 head = heads[0]
-                calls = worker._calls  # type: ignore[attr-defined]
-                await queue.runner.call(*calls.move_to_finished(head.id, head.opts, "completed", "null", "t0",
-                                                                 now_ms(), False))
+                await queue.finish_call(worker.worker_calls().move_to_finished(
+                    head.id, head.opts, "completed", "null", "t0", now_ms(), False))
                 assert await queue.sweep_groups() == 1
                 assert (await queue.get_job_counts("waiting"))["waiting"] == 1
             finally:
