@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 from bullmq_compat._cron import _zone, next_cron_millis, parse_cron
 from bullmq_compat._errors import BullMQCompatError, InvalidArgument, InvalidJobOptions, script_error
 from bullmq_compat._job import Job
+from bullmq_compat._telemetry import JOB_ID, JOB_SCHEDULER_ID, SpanKind
 from bullmq_compat._wire import codec
 from bullmq_compat._wire.options import JOB_OPTIONS, from_wire, normalize_job_options, to_wire
 
@@ -319,7 +320,27 @@ async def _upsert(queue: "QueueBase", scheduler_id: str, repeat: dict[str, Any],
                   data_json: str, opts: Mapping[str, Any], *, override: bool, producer_id: Optional[str],
                   wire_base: Optional[dict[str, Any]] = None) -> Optional[Job]:
     """Node's JobScheduler.upsertJobScheduler. ``opts`` is Node form (override) or ignored when
-    ``wire_base`` (the taken job's stored options) is given (worker path)."""
+    ``wire_base`` (the taken job's stored options) is given (worker path).
+
+    With telemetry, as Node's: a producer span ``add <queue>.<name>`` around adding the iteration,
+    whose context the iteration carries (opts.tm) unless it has one already (a worker's next
+    iteration keeps the first one's, so all iterations join the upsert's trace) or omits it."""
+    telemetry = getattr(queue, "telemetry", None)
+    if telemetry is None:
+        return await _upsert_untraced(queue, scheduler_id, repeat, name, data, data_json, opts, override=override,
+                                      producer_id=producer_id, wire_base=wire_base)
+    with telemetry.span(SpanKind.PRODUCER, queue.name, "add", f"{queue.name}.{name}") as (span, metadata):
+        job = await _upsert_untraced(queue, scheduler_id, repeat, name, data, data_json, opts, override=override,
+                                     producer_id=producer_id, wire_base=wire_base, trace_metadata=metadata)
+        if job is not None:
+            span.set_attributes({JOB_SCHEDULER_ID: scheduler_id, JOB_ID: str(job.id)})
+        return job
+
+
+async def _upsert_untraced(queue: "QueueBase", scheduler_id: str, repeat: dict[str, Any], name: str, data: Any,
+                           data_json: str, opts: Mapping[str, Any], *, override: bool, producer_id: Optional[str],
+                           wire_base: Optional[dict[str, Any]] = None,
+                           trace_metadata: Optional[str] = None) -> Optional[Job]:
     every, pattern, limit, offset = (repeat.get(k) for k in ("every", "pattern", "limit", "offset"))
     iteration = repeat["count"] + 1 if repeat.get("count") else 1
     if limit is not None and iteration > limit:
@@ -352,6 +373,8 @@ async def _upsert(queue: "QueueBase", scheduler_id: str, repeat: dict[str, Any],
     else:
         wire["delay"] = 0  # the script sets it
         wire.pop("prevMillis", None)
+    if trace_metadata is not None and not wire.get("tm") and not wire.get("omc"):
+        wire["tm"] = trace_metadata
     wire = {k: v for k, v in wire.items() if v is not None}
     k = queue.keys
     if override:

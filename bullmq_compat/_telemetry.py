@@ -1,8 +1,8 @@
 """OpenTelemetry traces across languages, with `opentelemetry-api` only (no SDK at run time).
 
 Spans and the stored context follow Node's BullMQ with `bullmq-otel` 2.0.1: a producer span
-``add <queue>.<job name>`` on add (``addFlow <queue>``, ``addBulkFlows`` and one ``addNode
-<queue>`` per job for flows), a consumer span ``process <queue>`` around processing, and
+``add <queue>.<job name>`` on add and for each job a job scheduler makes (``addFlow <queue>``,
+``addBulkFlows`` and one ``addNode <queue>`` per job for flows), a consumer span ``process <queue>`` around processing, and
 the producer's context stored in the job's ``opts.tm`` as a JSON string of the propagated
 carrier (W3C ``traceparent``...), so a trace started in Node continues in Python and back.
 ``opts.omc`` (omit context) is respected.
@@ -32,6 +32,7 @@ JOB_ATTEMPTS_MADE = "bullmq.job.attempts.made"
 JOB_RESULT = "bullmq.job.result"
 JOB_FAILED_REASON = "bullmq.job.failed.reason"
 FLOW_NAME = "bullmq.flow.name"
+JOB_SCHEDULER_ID = "bullmq.job.scheduler.id"
 # OpenTelemetry messaging semantic conventions, alongside bullmq's own
 MESSAGING_SYSTEM = "messaging.system"
 MESSAGING_DESTINATION = "messaging.destination.name"

@@ -219,3 +219,36 @@ async def test_a_node_flow_child_processed_by_python_continues_nodes_addnode_spa
     assert process.attributes["bullmq.job.id"] == child_id
     assert _hex(process.context.trace_id, 32) == node_spans[child_id]["traceId"]
     assert _hex(process.parent.span_id, 16) == node_spans[child_id]["spanId"]
+
+
+# -- job schedulers ---------------------------------------------------------------------------------
+
+async def test_scheduler_iterations_carry_the_upserts_trace_in_python_and_node(redis_url, queue_name, spans):
+    """upsert_job_scheduler makes Node's producer span "add <queue>.<name>" (with the scheduler id),
+    whose context its job carries; the next iteration, made by whichever worker takes a job, keeps
+    that context, so every iteration's processing joins the upsert's trace; Node's worker too."""
+    provider, exporter = spans
+    queue = Queue(queue_name, redis_url, telemetry=provider)
+    first = await queue.upsert_job_scheduler("tick", {"every": 200}, {"name": "t", "data": {}})
+    assert first is not None
+    add = next(s for s in exporter.get_finished_spans() if s.name == f"add {queue_name}.t")
+    assert add.kind == SpanKind.PRODUCER and add.attributes["bullmq.job.scheduler.id"] == "tick"
+    assert add.attributes["bullmq.job.id"] == first.id
+    stored = await queue.get_job(first.id)
+    trace_id, span_id = _traceparent(stored.opts["telemetry"]["metadata"])
+    assert (trace_id, span_id) == (_hex(add.context.trace_id, 32), _hex(add.context.span_id, 16))
+
+    await _process_one(queue_name, redis_url, provider)  # a Python worker: runs it, makes the next
+    process = next(s for s in exporter.get_finished_spans() if s.name.startswith("process"))
+    assert process.parent.span_id == add.context.span_id
+    upcoming = [j for j in await queue.get_jobs(["delayed", "waiting"]) if j.id != first.id]
+    assert len(upcoming) == 1
+    assert _traceparent(upcoming[0].opts["telemetry"]["metadata"]) == (trace_id, span_id)
+
+    result = await otel_js("consume", redis=redis_url, queue=queue_name)  # Node runs that one
+    assert result["id"] == upcoming[0].id
+    node_process = next(s for s in result["spans"] if s["name"].startswith("process"))
+    assert (node_process["traceId"], node_process["parentSpanId"]) == (trace_id, span_id)
+    await queue.remove_job_scheduler("tick")
+    await queue.obliterate(force=True)
+    await queue.close()
