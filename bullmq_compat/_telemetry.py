@@ -2,9 +2,10 @@
 
 Spans and the stored context follow Node's BullMQ with `bullmq-otel` 2.0.1: a producer span
 ``add <queue>.<job name>`` on add and for each job a job scheduler makes (``addFlow <queue>``,
-``addBulkFlows`` and one ``addNode <queue>`` per job for flows), a consumer span ``process <queue>`` around processing, and
-the producer's context stored in the job's ``opts.tm`` as a JSON string of the propagated
-carrier (W3C ``traceparent``...), so a trace started in Node continues in Python and back.
+``addBulkFlows`` and one ``addNode <queue>`` per job for flows), a consumer span
+``process <queue>`` around processing, and the producer's context stored in the job's
+``opts.tm`` as a JSON string of the propagated carrier (W3C ``traceparent``...), so a trace
+started in Node continues in Python and back.
 ``opts.omc`` (omit context) is respected.
 """
 from __future__ import annotations

@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bullmq_compat._wire.fastconn import FastConnection, FastPathUnavailable, ReplyError
-from bullmq_compat._wire.runner import FunctionLibraries, ScriptRunner
+from bullmq_compat._wire.runner import FunctionLibraries, ScriptRunner, _argv, load_once
 from bullmq_compat._wire.worker_calls import Call
 
 
@@ -126,36 +126,27 @@ class FastChannel(Channel):
         conn = self._conn
         if conn is None or conn.closed:
             conn = await self._connection()
+        argv = _argv(keys, args)
         if script.function is not None:
-            argv = [*keys, *("" if a is None else a for a in args)]
             return await self._functions.call(conn.execute, script, len(keys), argv,
-                                              lambda: self._by_sha(conn, script, keys, args))
-        return await self._by_sha(conn, script, keys, args)
+                                              lambda: self._by_sha(conn, script, len(keys), argv))
+        return await self._by_sha(conn, script, len(keys), argv)
 
-    async def _by_sha(self, conn: FastConnection, script: Any, keys: Any, args: Any) -> Any:
-        argv = [*keys, *("" if a is None else a for a in args)]
+    async def _by_sha(self, conn: FastConnection, script: Any, num_keys: int, argv: list[Any]) -> Any:
         try:
-            return await conn.execute(b"EVALSHA", script.sha, len(keys), *argv)
+            return await conn.execute(b"EVALSHA", script.sha, num_keys, *argv)
         except ReplyError as err:
             if err.code != "NOSCRIPT":
                 raise
         # Redis lacks the script (a new or flushed Redis): load it once, however many calls found
         # it missing (a worker's slots all start at once), rather than send its text with each
         try:
-            await self._load_script(conn, script)
-            return await conn.execute(b"EVALSHA", script.sha, len(keys), *argv)
+            await load_once(self._script_loads, script.sha, lambda: conn.execute(b"SCRIPT", b"LOAD", script.lua))
+            return await conn.execute(b"EVALSHA", script.sha, num_keys, *argv)
         except ReplyError as err:
             if err.code not in ("NOSCRIPT", "NOPERM"):
                 raise
-        return await conn.execute(b"EVAL", script.lua, len(keys), *argv)
-
-    async def _load_script(self, conn: FastConnection, script: Any) -> None:
-        loading = self._script_loads.get(script.sha)
-        if loading is None:
-            loading = self._script_loads[script.sha] = asyncio.ensure_future(
-                conn.execute(b"SCRIPT", b"LOAD", script.lua))
-            loading.add_done_callback(lambda _: self._script_loads.pop(script.sha, None))
-        await asyncio.shield(loading)
+        return await conn.execute(b"EVAL", script.lua, num_keys, *argv)
 
     async def call_many(self, calls: list[Call], raise_errors: bool = True) -> list[Any]:
         """With ``raise_errors=False`` each failed call's exception is returned in its place."""

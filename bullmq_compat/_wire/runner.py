@@ -21,6 +21,15 @@ def _argv(keys: Sequence[Any], args: Sequence[Any]) -> list[Any]:
     return [*keys, *("" if a is None else a for a in args)]
 
 
+async def load_once(loading: dict[str, "asyncio.Future[Any]"], key: str, load: Callable[[], Awaitable[Any]]) -> Any:
+    """Run ``load()`` once for ``key``, however many callers ask meanwhile: each awaits that run."""
+    future = loading.get(key)
+    if future is None:
+        future = loading[key] = asyncio.ensure_future(load())
+        future.add_done_callback(lambda done: loading.pop(key) if loading.get(key) is done else None)
+    return await asyncio.shield(future)
+
+
 def _refused(err: BaseException) -> bool:
     """Redis will not run our functions: no FCALL (before 7.0) or not for this user (ACL)."""
     text = str(err).lower()
@@ -33,7 +42,7 @@ class FunctionLibraries:
 
     def __init__(self, enabled: bool = True) -> None:
         self.usable: Optional[bool] = None if enabled else False
-        self._loading: Optional[asyncio.Future[None]] = None
+        self._loading: dict[str, asyncio.Future[Any]] = {}
 
     async def call(self, execute: Execute, script: Script, num_keys: int, argv: Sequence[Any],
                    fallback: Callable[[], Awaitable[Any]]) -> Any:
@@ -57,13 +66,7 @@ class FunctionLibraries:
         return await fallback()
 
     async def load(self, execute: Execute, library: Library) -> None:
-        if self._loading is None:
-            self._loading = asyncio.ensure_future(self._load(execute, library))
-        try:
-            await asyncio.shield(self._loading)
-        finally:
-            if self._loading is not None and self._loading.done():
-                self._loading = None
+        await load_once(self._loading, library.name, lambda: self._load(execute, library))
 
     async def _load(self, execute: Execute, library: Library) -> None:
         try:
