@@ -234,9 +234,11 @@ async def test_sigkill_of_workers_and_keeper_mid_run_wedges_no_group(
                 started = time.monotonic()
                 await add_in_batches(queue, items)  # once every process is up
                 await wait_records(redis, rec, 120, 30, queue)
+                await _until_mid_job(redis, rec, doomed_py.pid)
                 cut_off[doomed_py.pid] = await doomed_py.kill()
                 await wait_records(redis, rec, 240, 30, queue)
                 assert doomed_node.proc is not None
+                await _until_mid_job(redis, rec, doomed_node.proc.pid)
                 cut_off[doomed_node.proc.pid] = now_ms()
                 doomed_node.proc.send_signal(signal.SIGKILL)
                 await doomed_node.proc.wait()
@@ -269,6 +271,16 @@ async def test_sigkill_of_workers_and_keeper_mid_run_wedges_no_group(
         assert await queue.get_job_counts("completed", "failed", "waiting-children", "waiting", "active") == {
             "completed": len(items), "failed": 0, "waiting-children": 0, "waiting": 0, "active": 0}
         await assert_no_group_left(queue)
+
+
+async def _until_mid_job(redis: aioredis.Redis, rec: str, pid: int) -> None:
+    """Wait until process ``pid`` is running a job, so a SIGKILL now cuts a run short (with the
+    groups gated, a worker may well be idle between jobs at a given moment)."""
+    async def busy() -> bool:
+        ends, starts = await read_records(redis, rec)
+        return bool(_cut_short(ends, starts, {}).get(pid))
+
+    await wait_until(busy, 10, f"process {pid} to be running a job")
 
 
 def _cut_short(ends: list[dict[str, Any]], starts: list[dict[str, Any]], cut_off: dict[int, int]) -> dict[int, int]:
