@@ -313,6 +313,35 @@ async def test_a_library_loads_and_its_functions_run_on_redis(redis_url: str, tm
         await client.aclose()
 
 
+async def test_the_fast_channel_runs_a_function_that_fails_once(redis_url: str, tmp_path: Path) -> None:
+    """A function's own error reply is the call's result: the worker's channel sends FCALL again
+    only when Redis lacks the library (the call did not run), never after an error of the call."""
+    import dataclasses
+
+    from bullmq_compat._wire.channel import FastChannel
+    from bullmq_compat._wire.fastconn import ReplyError
+
+    _write(tmp_path, {"own/boom-1.lua": "return redis.error_reply('boom ' .. redis.call('INCR', KEYS[1]))\n"})
+    name = "bmqc_test_" + hashlib.sha1(str(tmp_path).encode()).hexdigest()[:12]
+    library = ScriptBuilder(hoist=True).build_library(name, [tmp_path / "own/boom-1.lua"])
+    script = dataclasses.replace(ScriptBuilder().build(tmp_path / "own/boom-1.lua"),
+                                 function=library.functions["boom"], library=library)
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    channel = await FastChannel.open(client, None)
+    key = f"{name}:n"
+    try:
+        with pytest.raises(ReplyError, match="boom 1"):  # the library is loaded first, then it runs once
+            await channel.call((script, [key], []))
+        with pytest.raises(ReplyError, match="boom 2"):  # loaded: one FCALL
+            await channel.call((script, [key], []))
+        assert await client.get(key) == "2"
+    finally:
+        await channel.close()
+        await client.function_delete(name)
+        await client.delete(key)
+        await client.aclose()
+
+
 async def test_own_lua_with_upstream_includes_runs_on_redis(
     redis_url: str, queue_name: str, monkeypatch: pytest.MonkeyPatch, no_script_caches: None
 ) -> None:

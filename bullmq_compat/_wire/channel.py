@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bullmq_compat._wire.fastconn import FastConnection, FastPathUnavailable, ReplyError
-from bullmq_compat._wire.runner import FunctionLibraries, ScriptRunner, _argv, load_once
+from bullmq_compat._wire.runner import FunctionLibraries, ScriptRunner, _argv, _function_missing, _refused, load_once
 from bullmq_compat._wire.worker_calls import Call
 
 
@@ -128,6 +128,15 @@ class FastChannel(Channel):
             conn = await self._connection()
         argv = _argv(keys, args)
         if script.function is not None:
+            if self._functions.usable is not False:
+                # the usual case, without the general path's layers: it runs only when this fails
+                try:
+                    return await conn.execute(b"FCALL", script.function, len(keys), *argv)
+                except ReplyError as err:
+                    # library missing (not loaded, flushed) or refused: the call did not run, and
+                    # the general path loads the library or falls back; any other error is the call's
+                    if not (_refused(err) or _function_missing(err)):
+                        raise
             return await self._functions.call(conn.execute, script, len(keys), argv,
                                               lambda: self._by_sha(conn, script, len(keys), argv))
         return await self._by_sha(conn, script, len(keys), argv)

@@ -36,6 +36,11 @@ def _refused(err: BaseException) -> bool:
     return isinstance(err, NoPermissionError) or getattr(err, "code", "") == "NOPERM" or "unknown command" in text
 
 
+def _function_missing(err: BaseException) -> bool:
+    """Redis lacks the function called (library never loaded here, or flushed): the call did not run."""
+    return "function not found" in str(err).lower()
+
+
 class FunctionLibraries:
     """Whether one Redis serves our function library: loaded there on first need (one load at a
     time, however many calls wait for it), and given up for EVALSHA if Redis refuses it."""
@@ -58,7 +63,7 @@ class FunctionLibraries:
                 if _refused(err):
                     self.usable = False
                     return await fallback()
-                if "function not found" not in str(err).lower():
+                if not _function_missing(err):
                     raise
             await self.load(execute, script.library)
             if not self.usable:

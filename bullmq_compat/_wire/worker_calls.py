@@ -72,6 +72,7 @@ class WorkerCalls:
         s = upstream_scripts()
         self._move_to_active = s["moveToActive"]
         self._move_to_finished = s["moveToFinished"]
+        self._move_to_finished_group = own_script("moveToFinishedGroup-15.lua")
         self._move_to_delayed = s["moveToDelayed"]
         self._retry_job = s["retryJob"]
         self._extend_locks = s["extendLocks"]
@@ -121,7 +122,7 @@ class WorkerCalls:
             return self._move_to_finished, keys, args
         keys.append(self.keys.waiting_children)
         args.append(group_id)
-        return own_script("moveToFinishedGroup-15.lua"), keys, args
+        return self._move_to_finished_group, keys, args
 
     def move_to_delayed(self, job_id: str, now: int, delay: int, token: str, *, skip_attempt: bool = False,
                         fields_to_update: Optional[Mapping[str, Any]] = None, fetch_next: bool = False) -> Call:

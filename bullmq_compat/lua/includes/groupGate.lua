@@ -124,19 +124,20 @@ end
 -- pausedOrMaxed: as queueReleaseState tells.
 local function enqueueReleasedJob(jobId, fields, q, now, maxEvents, pausedOrMaxed)
   if fields == true then
-    fields = {}
-  end
-  local timestamp = tonumber(fields[3]) or now
-  local delay = tonumber(fields[4]) or 0
-  local priority = tonumber(fields[5]) or 0
-  if delay > 0 and timestamp + delay > now then
-    addDelayedJob(jobId, q.delayed, q.events, timestamp, maxEvents or getOrSetMaxEvents(q.meta), q.marker, delay)
-    return
-  end
-  if priority > 0 then
-    addJobWithPriority(q.marker, q.prioritized, priority, jobId, q.pc, pausedOrMaxed)
+    addJobInTargetList(q.wait, q.marker, "LPUSH", pausedOrMaxed, jobId)
   else
-    addJobInTargetList(q.wait, q.marker, isLifo(fields[6]) and "RPUSH" or "LPUSH", pausedOrMaxed, jobId)
+    local timestamp = tonumber(fields[3]) or now
+    local delay = tonumber(fields[4]) or 0
+    local priority = tonumber(fields[5]) or 0
+    if delay > 0 and timestamp + delay > now then
+      addDelayedJob(jobId, q.delayed, q.events, timestamp, maxEvents or getOrSetMaxEvents(q.meta), q.marker, delay)
+      return
+    end
+    if priority > 0 then
+      addJobWithPriority(q.marker, q.prioritized, priority, jobId, q.pc, pausedOrMaxed)
+    else
+      addJobInTargetList(q.wait, q.marker, isLifo(fields[6]) and "RPUSH" or "LPUSH", pausedOrMaxed, jobId)
+    end
   end
   if maxEvents then
     rcall("XADD", q.events, "MAXLEN", "~", maxEvents, "*", "event", "waiting", "jobId", jobId,
