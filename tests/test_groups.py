@@ -300,6 +300,45 @@ async def test_finishing_a_group_job_releases_the_next_in_the_same_call_and_a_re
             await worker.close()
 
 
+async def test_a_job_released_by_a_finish_is_announced_by_the_queue_marker_unless_paused(
+        redis_url: str, queue_name: str, redis: aioredis.Redis) -> None:
+    """A released job must wake idle workers (Node's too) through the queue's marker, as upstream's
+    add would: whether the finish fetched a next job (upstream's fetch sets the marker then, and the
+    release relies on it) or not; and a paused queue gets no marker, as upstream's add gives none."""
+    async with a_queue(queue_name, redis_url) as queue:
+        marker = queue.keys.marker
+        worker = Worker(queue_name, connection=redis_url, group_keeper=False)
+        try:
+            for fetch_next in (True, False):
+                first = await queue.add("f", {}, group="M")
+                second = await queue.add("f", {}, group="M")
+                plain = await queue.add("p", {})
+                job = await worker.get_next_job("tok")
+                assert job is not None and job.id == first.id
+                await redis.delete(marker)
+                reply = await job.move_to_completed(None, "tok", fetch_next=fetch_next)
+                if fetch_next:  # the finish's fetch took the plain job: the released one is left waiting
+                    assert reply and reply[1] == plain.id
+                assert await queue.get_job_state(second.id) == "waiting"
+                assert await redis.zscore(marker, "0") == 0, f"fetch_next={fetch_next}: no marker"
+                for job_id in (plain.id, second.id):  # finish both, so the next round starts empty
+                    if await queue.get_job_state(job_id) == "waiting":
+                        await worker.get_next_job("tok")
+                    await (await queue.get_job(job_id)).move_to_completed(None, "tok")
+
+            first = await queue.add("f", {}, group="P")
+            second = await queue.add("f", {}, group="P")
+            job = await worker.get_next_job("tok")
+            assert job is not None and job.id == first.id
+            await queue.pause()
+            await redis.delete(marker)
+            await job.move_to_completed(None, "tok", fetch_next=True)
+            assert await queue.get_job_state(second.id) == "waiting"
+            assert await redis.zscore(marker, "0") is None
+        finally:
+            await worker.close()
+
+
 async def test_jobs_with_corrupt_or_foreign_group_fields_still_finish(redis_url: str, queue_name: str) -> None:
     """A hash not written by our gate (BullMQ Pro's opts.group, a junk gid) finishes like a plain job."""
     client = aioredis.Redis.from_url(redis_url)  # bytes in, bytes out: the gid may be undecodable

@@ -29,7 +29,8 @@ if type(result) == "table" or result >= 0 then
     rcall("HDEL", prefix .. "grp:jobs", jobId)
     local q = { wait = KEYS[1], active = KEYS[2], prioritized = KEYS[3], events = KEYS[4],
       delayed = KEYS[7], meta = KEYS[9], pc = KEYS[10], marker = KEYS[14], waitingChildren = KEYS[15] }
-    releaseHeldGroupJobs(prefix, gid, q, tonumber(ARGV[2]), nil, true)
+    -- a fetched next job (upstream returns its id second) has set the queue's marker in this call
+    releaseHeldGroupJobs(prefix, gid, q, tonumber(ARGV[2]), nil, true, type(result) == "table" and result[2] ~= 0)
   end
 end
 return result

@@ -34,10 +34,14 @@ local GROUP_SEQ_DIGITS = 15
 -- a pause); written with the setting, and by sweeps for settings older than the flag.
 local GROUP_SETTINGS_FLAG = "bullmq-compat:group-settings"
 
--- What releasing needs of the queue, in one HMGET of its meta hash: is it paused or at its global
--- concurrency (the test of upstream's isQueuePausedOrMaxed, which decides a released job's marker),
--- and has any of its groups a setting?
-local function queueReleaseState(q)
+-- What releasing needs of the queue, in one read of its meta hash: is it paused or at its global
+-- concurrency (the test of upstream's isQueuePausedOrMaxed, which decides whether a released job
+-- adds the queue's marker), and has any of its groups a setting? markerSet: the caller knows the
+-- marker is set (the queue is then taken as paused or maxed: released jobs add no marker).
+local function queueReleaseState(q, markerSet)
+  if markerSet then
+    return true, rcall("HGET", q.meta, GROUP_SETTINGS_FLAG) ~= false
+  end
   local meta = rcall("HMGET", q.meta, "paused", "concurrency", GROUP_SETTINGS_FLAG)
   local pausedOrMaxed = false
   if meta[1] then
@@ -150,12 +154,13 @@ end
 -- Release held jobs of a group while it has free slots; returns how many were released.
 -- maxEvents nil: the caller has trimmed the events stream in this call (a job's finish), so the
 -- events of released jobs are added without MAXLEN. slotFreed: the caller has just freed a slot of
--- the group (the finished job's).
-local function releaseHeldGroupJobs(prefix, gid, q, now, maxEvents, slotFreed)
+-- the group (the finished job's). markerSet: the caller has set the queue's marker in this call
+-- (upstream's fetch of a next job does), so released jobs need not set it again.
+local function releaseHeldGroupJobs(prefix, gid, q, now, maxEvents, slotFreed, markerSet)
   local heldKey = prefix .. "grp:held:" .. gid
   local runKey = prefix .. "grp:run:" .. gid
   local released = 0
-  local pausedOrMaxed, hasSettings = queueReleaseState(q)
+  local pausedOrMaxed, hasSettings = queueReleaseState(q, markerSet)
   local limit, paused = groupSettings(prefix, gid, hasSettings)
   if not paused then
     local running = 0 -- one slot at most, ever, and it was just freed
