@@ -162,14 +162,16 @@ local function releaseHeldGroupJobs(prefix, gid, q, now, maxEvents, slotFreed, m
   local released = 0
   local pausedOrMaxed, hasSettings = queueReleaseState(q, markerSet)
   local limit, paused = groupSettings(prefix, gid, hasSettings)
+  local running = 0 -- one slot at most, ever, and it was just freed
+  if hasSettings or not slotFreed then
+    running = rcall("SCARD", runKey)
+  end
+  local mayHold = true -- false once the held set is seen empty
   if not paused then
-    local running = 0 -- one slot at most, ever, and it was just freed
-    if hasSettings or not slotFreed then
-      running = rcall("SCARD", runKey)
-    end
     while running < limit do
       local first = rcall("ZPOPMIN", heldKey)[1]
       if not first then
+        mayHold = false
         break
       end
       local jobId = string.sub(first, GROUP_SEQ_DIGITS + 1)
@@ -182,8 +184,9 @@ local function releaseHeldGroupJobs(prefix, gid, q, now, maxEvents, slotFreed, m
       end
     end
   end
-  if released == 0 and rcall("SCARD", runKey) == 0 and rcall("ZCARD", heldKey) == 0 then
-    rcall("SREM", prefix .. "grp:index", gid)  -- (a group that released a job is still in use)
+  -- a group with nothing running or held leaves the index (one that released a job is in use)
+  if released == 0 and running == 0 and not (mayHold and rcall("ZCARD", heldKey) > 0) then
+    rcall("SREM", prefix .. "grp:index", gid)
   end
   return released
 end
