@@ -22,6 +22,10 @@ Measurements (job counts for the default run; --quick: fewer jobs and 1 round):
   process-cN     20,000 jobs pre-loaded (bulk add, untimed), then a worker at concurrency N,
   process-cN-roc timed from worker start to the last 'completed' event; -roc: with
                  remove-on-complete (N = 1, 10, 100)
+  process-grouped bullmq-compat only: as process-c100 with the jobs over 1,000 groups; each round
+                 also runs an ungrouped twin (process-c100's settings) right before or after it,
+                 alternately, and reports the pair's ratio (its median over the rounds), besides
+                 the ratio of its median to process-c100's
   latency        idle worker; 200 jobs added one at a time, 20 ms apart; latency = handler start
                  time minus job.timestamp, p50/p99 (nearest rank) per round
 
@@ -51,7 +55,7 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -303,6 +307,22 @@ def run_one(impl: Impl, m: Measurement, server: RedisServer) -> dict[str, Any]:
     return run
 
 
+def run_paired(impl: Impl, m: Measurement, server: RedisServer, twin_first: bool) -> dict[str, Any]:
+    """Run ``m`` and, right before or after it (alternating by round), its twin without groups:
+    the same jobs and worker settings, so that the machine's drift, which is large here, hits both
+    alike. The run of ``m`` carries the twin's rate and the ratio of the two."""
+    twin = replace(m, key=f"{m.key}-twin", groups=0, baseline=None)
+    if twin_first:
+        base = run_one(impl, twin, server)
+        run = run_one(impl, m, server)
+    else:
+        run = run_one(impl, m, server)
+        base = run_one(impl, twin, server)
+    run["pairedBaselineJobsPerSec"] = base["jobsPerSec"]
+    run["pairedRatio"] = run["jobsPerSec"] / base["jobsPerSec"] if base["jobsPerSec"] else 0.0
+    return run
+
+
 def measurements(args: argparse.Namespace) -> list[Measurement]:
     if args.quick:
         n_add, n_bulk, n_proc, n_lat = 1000, 2000, 2000, 50
@@ -351,6 +371,8 @@ def cell_summary(cell: Cell, m: Measurement) -> Optional[dict[str, Any]]:
     keys = ["jobsPerSec", "seconds", "clientCpuUsPerJob", "redisCmdUsPerJob", "redisCpuUsPerJob"]
     if m.is_latency:
         keys += ["p50Ms", "p99Ms"]
+    if all("pairedRatio" in r for r in cell.runs):
+        keys += ["pairedRatio", "pairedBaselineJobsPerSec"]
     return {k: summarize([r[k] for r in cell.runs]) for k in keys} | {"rounds": len(cell.runs)}
 
 
@@ -475,7 +497,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                         continue
                     cell = cells[m.key][impl.key]
                     try:
-                        run = run_one(impl, m, server)
+                        if m.baseline and impl.key == m.only:
+                            run = run_paired(impl, m, server, twin_first=r % 2 == 0)
+                        else:
+                            run = run_one(impl, m, server)
                     except (RuntimeError, subprocess.TimeoutExpired) as err:
                         cell.errors.append(str(err))
                         print(f"  round {r + 1} {m.key:<16} {impl.key:<8} FAILED: {str(err)[:300]}",
@@ -485,6 +510,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                     cell.runs.append(run)
                     extra = (f"p50 {run['p50Ms']:.2f} ms p99 {run['p99Ms']:.2f} ms" if m.is_latency
                              else f"{run['jobsPerSec']:>10,.0f} jobs/s")
+                    if "pairedRatio" in run:
+                        extra += (f" (ungrouped twin {run['pairedBaselineJobsPerSec']:,.0f} jobs/s: "
+                                  f"{run['pairedRatio']:.2f}x)")
                     print(f"  round {r + 1} {m.key:<16} {impl.key:<8} {extra}  "
                           f"cpu {run['clientCpuUsPerJob']:.1f} us/job  redis {run['redisCmdUsPerJob']:.1f} us/job",
                           flush=True)
@@ -506,6 +534,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             ratio = baseline_ratio(m, summary)
             if ratio is not None:
                 print(f"   {m.only} here vs its own {m.baseline} run: {ratio:.2f}x")
+            paired = summary[m.key].get(m.only or "", {}) or {}
+            if "pairedRatio" in paired:
+                p = paired["pairedRatio"]
+                print(f"   paired: each round's run vs an ungrouped twin run just before or after it "
+                      f"(same settings): median {p['median']:.2f}x [{p['min']:.2f}-{p['max']:.2f}]")
 
         failed = any(c.errors for per in cells.values() for c in per.values())
         if args.json:
