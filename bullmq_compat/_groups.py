@@ -85,9 +85,9 @@ def gate_keys(keys: QueueKeys) -> list[str]:
             keys.events, keys.waiting_children, keys.completed, keys.failed]
 
 
-def release_call(keys: QueueKeys, job_id: str) -> tuple[Script, list[str], list[Any]]:
-    """Free ``job_id``'s group slot if it has finished and release the group's next jobs."""
-    return update_script(), gate_keys(keys), [keys.prefix_key, "release", job_id, "", int(time.time() * 1000)]
+def release_call(keys: QueueKeys, job_id: str, gid: str) -> tuple[Script, list[str], list[Any]]:
+    """Free ``job_id``'s slot in group ``gid`` if it has finished and release the group's next jobs."""
+    return update_script(), gate_keys(keys), [keys.prefix_key, "release", job_id, gid, int(time.time() * 1000)]
 
 
 def update_call(keys: QueueKeys, op: str, arg: Any = "", arg2: Any = "") -> tuple[Script, list[str], list[Any]]:
@@ -109,6 +109,9 @@ class GroupKeeper:
     """
 
     FINISH_EVENTS = frozenset({"completed", "failed", "removed"})
+    #: how many released jobs' groups a keeper remembers (see `learn`); past it, the oldest are
+    #: forgotten (their finish is then noticed by a sweep if their hash is gone)
+    MAX_KNOWN = 200_000
     #: a sweep costs Redis about 10 commands per group: after one that took d seconds, no keeper of
     #: the queue sweeps again for SWEEP_DUTY_FACTOR * d (so sweeping takes at most ~5% of Redis)
     SWEEP_DUTY_FACTOR = 20
@@ -126,6 +129,7 @@ class GroupKeeper:
         self._task: Optional[asyncio.Task[None]] = None
         self.released = 0
         self.sweeps = 0
+        self._gids: dict[str, str] = {}
 
     @classmethod
     def for_queue(cls, queue: Any, *, sweep_interval: float = 5.0, follow_stream: bool = True) -> "GroupKeeper":
@@ -140,6 +144,7 @@ class GroupKeeper:
         keeper._task = None
         keeper.released = 0
         keeper.sweeps = 0
+        keeper._gids = {}
         return keeper
 
     async def sweep(self) -> int:
@@ -177,15 +182,52 @@ class GroupKeeper:
             await queue.client.pexpire(lease, quiet_ms)
         return released
 
+    def learn(self, job_id: str, gid: str) -> None:
+        """Remember the group of a released job (from its "waiting" event, or a running set): once
+        it has finished, its hash may be gone (removeOnComplete) and with it the group's name."""
+        known = self._gids
+        known[job_id] = gid
+        if len(known) > self.MAX_KNOWN:
+            del known[next(iter(known))]
+
+    async def learn_running(self) -> None:
+        """Learn the groups of the jobs that hold a slot now (released before this keeper read the
+        stream): one SMEMBERS per group of the index."""
+        queue = self._queue
+        base = queue.keys.prefix_key
+        gids = [codec.to_str(gid) async for gid in queue.client.sscan_iter(base + "grp:index", count=1000)]
+        for start in range(0, len(gids), 1000):
+            page = gids[start:start + 1000]
+            pipe = queue.client.pipeline(transaction=False)
+            for gid in page:
+                pipe.smembers(base + "grp:run:" + gid)
+            for gid, members in zip(page, await pipe.execute()):
+                for job_id in members:
+                    self.learn(codec.to_str(job_id), gid)
+
     async def release(self, job_ids: Sequence[str]) -> int:
         """Free the group slots of these finished jobs and release their groups' next jobs."""
         queue = self._queue
-        # most finished jobs are not group jobs: one HMGET keeps them from costing a script call each
-        gids = await queue.client.hmget(queue.keys.prefix_key + "grp:jobs", list(job_ids))
-        job_ids = [job_id for job_id, gid in zip(job_ids, gids) if gid]
-        if not job_ids:
+        base = queue.keys.prefix_key
+        found = {job_id: self._gids.pop(job_id, None) for job_id in job_ids}
+        unknown = [job_id for job_id, gid in found.items() if gid is None]
+        if unknown:  # not seen released: its hash names its group, unless gone (a sweep frees those)
+            pipe = queue.client.pipeline(transaction=False)
+            for job_id in unknown:
+                pipe.hget(base + job_id, "gid")
+            found.update(zip(unknown, await pipe.execute()))
+        candidates = [(job_id, codec.to_str(gid)) for job_id, gid in found.items() if gid]
+        if not candidates:
             return 0
-        results = await queue.runner.call_many([release_call(queue.keys, job_id) for job_id in job_ids])
+        # most were released by whoever finished them (a bullmq-compat worker): only a job still in
+        # its group's running set costs a script call
+        pipe = queue.client.pipeline(transaction=False)
+        for job_id, gid in candidates:
+            pipe.sismember(base + "grp:run:" + gid, job_id)
+        holding = [c for c, member in zip(candidates, await pipe.execute()) if member]
+        if not holding:
+            return 0
+        results = await queue.runner.call_many([release_call(queue.keys, job_id, gid) for job_id, gid in holding])
         released = sum(int(r) for r in results if isinstance(r, int))
         self.released += released
         return released
@@ -216,6 +258,8 @@ class GroupKeeper:
                     # for the next sweep
                     newest = await self._blocking.xrevrange(queue.keys.events, count=1)
                     last_id = codec.to_str(newest[0][0]) if newest else "0-0"
+                    # jobs released before that point are not in what it reads: learn their groups now
+                    await self.learn_running()
                 if time.monotonic() >= next_sweep:
                     # the first sweep is this keeper's own: its stream reading starts there
                     await (self.sweep() if next_sweep == 0.0 else self.sweep_if_due())
@@ -242,8 +286,14 @@ class GroupKeeper:
                 for entry_id, fields in entries:
                     last_id = codec.to_str(entry_id)
                     fields = codec.str_dict(fields)
-                    if fields.get("event") in self.FINISH_EVENTS and fields.get("jobId"):
-                        finished.append(fields["jobId"])
+                    job_id = fields.get("jobId")
+                    if not job_id:
+                        continue
+                    event = fields.get("event")
+                    if event in self.FINISH_EVENTS:
+                        finished.append(job_id)
+                    elif event == "waiting" and fields.get("gid"):  # released by a gate (ours)
+                        self.learn(job_id, fields["gid"])
             if finished:
                 await self.release(finished)
 

@@ -60,6 +60,12 @@ async def private_redis(*extra: str) -> AsyncIterator[str]:
         server.stop()
 
 
+async def group_keys_left(redis: aioredis.Redis, queue_name: str) -> set[str]:
+    """The queue's group keys, named after "grp:": once every job is done only the bookkeeping
+    ones (add sequence, sweep lease, settings) may be left, no per-job or per-group state."""
+    return {key.split(":grp:", 1)[1] for key in await redis.keys(f"bull:{queue_name}:grp:*")}
+
+
 async def held_ids(queue: Queue, gid: str) -> list[str]:
     return [job.id for job in await queue.get_group_jobs(gid)]
 
@@ -94,7 +100,7 @@ async def test_python_workers_run_each_group_one_at_a_time_in_add_order(
         assert await queue.get_groups() == []
         assert await redis.keys(f"bull:{queue_name}:grp:held:*") == []
         assert await redis.keys(f"bull:{queue_name}:grp:run:*") == []
-        assert await redis.hlen(f"bull:{queue_name}:grp:jobs") == 0
+        assert await group_keys_left(redis, queue_name) <= {"seq", "sweep"}
 
 
 async def test_group_jobs_mixed_with_plain_jobs_priority_delay_and_lifo(
@@ -393,6 +399,29 @@ async def test_reusing_the_custom_id_of_a_finished_unreleased_job_does_not_wedge
                 await job.move_to_completed(None, tok)
             assert await queue.get_job_state("X") == "completed"
             assert await queue.get_groups() == []
+        finally:
+            await worker.close()
+
+
+async def test_a_custom_id_reused_in_another_group_frees_the_old_groups_stale_slot_at_a_sweep(
+        redis_url: str, queue_name: str) -> None:
+    """As above, but the new "X" goes to group B: A's stale slot is freed by the next sweep (X's hash
+    now names B), and B's X is not taken for A's job."""
+    async with a_queue(queue_name, redis_url) as queue:
+        await queue.add("k", {}, group="A", job_id="X", remove_on_complete=True)
+        a1 = await queue.add("k", {}, group="A")
+        worker = Worker(queue_name, connection=redis_url, group_keeper=False)
+        try:
+            job = await worker.get_next_job("tok")
+            assert job is not None and job.id == "X"
+            await queue.finish_call(worker.worker_calls().move_to_finished(  # as a Node worker: no release
+                "X", job.opts, "completed", "null", "tok", now_ms(), False))
+            await queue.add("k", {"again": True}, group="B", job_id="X")
+            assert await queue.get_job_state("X") == "waiting"  # B was free
+            assert await queue.get_job_state(a1.id) == "waiting-children"
+            assert await queue.sweep_groups() == 1
+            assert await queue.get_job_state(a1.id) == "waiting"
+            assert await queue.get_job_state("X") == "waiting"
         finally:
             await worker.close()
 
@@ -772,7 +801,7 @@ async def test_delete_group_jobs_removes_only_the_groups_held_jobs(
         ends, starts = await read_records(redis, rec_key(queue_name))
         check_groups(ends, starts, {"D": 1, "E": 3})
         assert await queue.get_groups() == []
-        assert await redis.hlen(f"bull:{queue_name}:grp:jobs") == 0
+        assert await group_keys_left(redis, queue_name) <= {"seq", "sweep", "conc"}
 
 
 async def test_group_jobs_with_a_flow_parent_or_deduplication_are_refused(
@@ -835,6 +864,34 @@ async def test_keeper_releases_jobs_finished_outside_a_group_aware_worker(
                 await keeper.close()
                 await asyncio.wait_for(task, 10)
         finally:
+            await worker.close()
+
+
+async def test_keeper_releases_jobs_whose_hash_the_finish_removed(
+        redis_url: str, queue_name: str) -> None:
+    """A job finished with removeOnComplete by a worker that does not release (a Node worker) leaves
+    no hash naming its group: the keeper knows the group all the same, for a job that held its slot
+    before the keeper started (read from the running sets) and for one it saw released (its
+    "waiting" event names the group). Sweeps are 60 s apart here: they cannot be what releases."""
+    async with a_queue(queue_name, redis_url) as queue:
+        jobs = [await queue.add("k", {}, group="K", remove_on_complete=True) for _ in range(3)]
+        worker = Worker(queue_name, connection=redis_url, group_keeper=False)
+        keeper = GroupKeeper(queue_name, redis_url, sweep_interval=60)
+        task = keeper.start()
+        try:
+            await asyncio.sleep(0.2)  # the keeper has made its first sweep and follows the stream
+            for n, token in ((0, "t0"), (1, "t1")):
+                job = await worker.get_next_job(token)
+                assert job is not None and job.id == jobs[n].id
+                await queue.finish_call(worker.worker_calls().move_to_finished(  # as a Node worker
+                    job.id, job.opts, "completed", "null", token, now_ms(), False))
+                assert await queue.get_job(job.id) is None
+                await wait_until(lambda: _state_is(queue, jobs[n + 1].id, "waiting"), 5,
+                                 f"the keeper to release job {n + 1}")
+            assert keeper.released == 2
+        finally:
+            await keeper.close()
+            await asyncio.wait_for(task, 10)
             await worker.close()
 
 

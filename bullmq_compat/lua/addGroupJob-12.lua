@@ -49,12 +49,12 @@ elseif rcall("EXISTS", prefix .. jobId) == 1 then
 end
 local jobKey = prefix .. jobId
 
--- A custom id used before: the earlier job is gone (its hash is), but may still hold a slot of its
+-- A custom id used before: the earlier job is gone (its hash is), but may still hold a slot of this
 -- group if nobody released it yet (a Node worker finished it with removeOnComplete, keeper down).
--- Free that slot now: later, the id names this job, and the slot would never look finished.
-local staleGid = rcall("HGET", prefix .. "grp:jobs", jobId)
-if staleGid and rcall("SREM", prefix .. "grp:run:" .. staleGid, jobId) == 1 and staleGid ~= gid then
-  releaseHeldGroupJobs(prefix, staleGid, q, now, maxEvents)
+-- Free that slot now: later, the id names this job, and the slot would never look finished. (A slot
+-- it holds in another group looks finished to the next sweep, as this job's hash names its own group.)
+if args[2] ~= "" then
+  rcall("SREM", prefix .. "grp:run:" .. gid, jobId)
 end
 
 storeJob(q.events, jobKey, jobId, args[3], ARGV[2], opts, timestamp, nil, nil, args[8])
@@ -66,7 +66,6 @@ else
 end
 
 rcall("ZADD", prefix .. "grp:held:" .. gid, tonumber(ARGV[5]), seq .. jobId)
-rcall("HSET", prefix .. "grp:jobs", jobId, gid)
 rcall("SADD", prefix .. "grp:index", gid)
 rcall("ZADD", q.waitingChildren, heldScore(seq, opts["delay"], opts["priority"], opts["lifo"]), jobId)
 

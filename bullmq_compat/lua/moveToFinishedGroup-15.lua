@@ -26,7 +26,6 @@ if type(result) == "table" or result >= 0 then
   local gid = ARGV[10]
   local jobId = ARGV[1]
   if rcall("SREM", prefix .. "grp:run:" .. gid, jobId) == 1 then
-    rcall("HDEL", prefix .. "grp:jobs", jobId)
     local q = { wait = KEYS[1], active = KEYS[2], prioritized = KEYS[3], events = KEYS[4],
       delayed = KEYS[7], meta = KEYS[9], pc = KEYS[10], marker = KEYS[14], waitingChildren = KEYS[15] }
     -- a fetched next job (upstream returns its id second) has set the queue's marker in this call

@@ -7,8 +7,9 @@
 
     ARGV[1] key prefix
     ARGV[2] operation:
-            "release"     ARGV[3] jobId: free its slot if it has finished (completed, failed
-                          for good or removed) and release the group's next held jobs
+            "release"     ARGV[3] jobId, ARGV[4] its gid: free its slot in that group if it has
+                          finished (completed, failed for good or removed) and release the
+                          group's next held jobs
             "sweep"       ARGV[3] cursor, ARGV[4] count: release for every group in a SSCAN
                           page of the group index; returns {next cursor, released}
             "pause"       ARGV[3] gid
@@ -46,10 +47,7 @@ end
 
 if op == "release" then
   local jobId = ARGV[3]
-  local gid = rcall("HGET", prefix .. "grp:jobs", jobId)
-  if not gid then
-    return 0
-  end
+  local gid = ARGV[4]
   if freeGroupSlot(prefix, gid, jobId, q) then
     return releaseHeldGroupJobs(prefix, gid, q, now, maxEvents)
   end
@@ -87,12 +85,8 @@ elseif op == "delete" then
   local removed = 0
   for _, member in ipairs(rcall("ZRANGE", heldKey, 0, -1)) do
     local jobId = string.sub(member, GROUP_SEQ_DIGITS + 1)
-    local fields = heldJobFields(prefix, jobId)
-    local own = isOwnHeldJob(fields, gid, member)
-    if own or not fields[1] then -- else: a removed job's id, reused by a newer job: not ours
-      rcall("HDEL", prefix .. "grp:jobs", jobId)
-    end
-    if own and rcall("ZREM", q.waitingChildren, jobId) == 1 then
+    -- (a removed job's id may name a newer job by now: not ours)
+    if isOwnHeldJob(heldJobFields(prefix, jobId), gid, member) and rcall("ZREM", q.waitingChildren, jobId) == 1 then
       removeJob(jobId, true, prefix, true)
       rcall("XADD", q.events, "MAXLEN", "~", maxEvents, "*", "event", "removed", "jobId", jobId,
         "prev", "waiting-children")

@@ -8,7 +8,6 @@
     <prefix>grp:index        set of groups with held or released jobs (swept periodically)
     <prefix>grp:conc         hash gid -> concurrency ("*" = the queue's default; else 1)
     <prefix>grp:paused       set of paused groups
-    <prefix>grp:jobs         hash jobId -> gid, for jobs held or released
     <prefix>grp:seq          add-sequence counter
     <prefix>grp:sweep        the keepers' sweep lease (written by GroupKeeper, PX the sweep interval)
 
@@ -113,12 +112,8 @@ local function takeHeldJob(prefix, gid, member, q)
   end
   -- not under its own score: removed, or held by an earlier version (scored by its timestamp)
   local fields = heldJobFields(prefix, jobId)
-  local own = isOwnHeldJob(fields, gid, member)
-  if own and rcall("ZREM", q.waitingChildren, jobId) == 1 then
+  if isOwnHeldJob(fields, gid, member) and rcall("ZREM", q.waitingChildren, jobId) == 1 then
     return fields
-  end
-  if own or not fields[1] then
-    rcall("HDEL", prefix .. "grp:jobs", jobId)
   end
   return nil
 end
@@ -126,7 +121,7 @@ end
 -- Enqueue a job that was held: exactly as upstream adds it (delayed, prioritized or waiting).
 -- fields: as takeHeldJob returns them (true: a job with no delay, priority or lifo);
 -- pausedOrMaxed: as queueReleaseState tells.
-local function enqueueReleasedJob(jobId, fields, q, now, maxEvents, pausedOrMaxed)
+local function enqueueReleasedJob(jobId, gid, fields, q, now, maxEvents, pausedOrMaxed)
   if fields == true then
     addJobInTargetList(q.wait, q.marker, "LPUSH", pausedOrMaxed, jobId)
   else
@@ -143,11 +138,13 @@ local function enqueueReleasedJob(jobId, fields, q, now, maxEvents, pausedOrMaxe
       addJobInTargetList(q.wait, q.marker, isLifo(fields[6]) and "RPUSH" or "LPUSH", pausedOrMaxed, jobId)
     end
   end
+  -- "gid" beyond upstream's fields: a keeper following the stream learns the group of the job
+  -- (it needs it once the job is finished, when its hash may be gone: removeOnComplete)
   if maxEvents then
     rcall("XADD", q.events, "MAXLEN", "~", maxEvents, "*", "event", "waiting", "jobId", jobId,
-      "prev", "waiting-children")
+      "prev", "waiting-children", "gid", gid)
   else -- the caller trimmed the stream in this call (upstream's finish does, as its events need no MAXLEN)
-    rcall("XADD", q.events, "*", "event", "waiting", "jobId", jobId, "prev", "waiting-children")
+    rcall("XADD", q.events, "*", "event", "waiting", "jobId", jobId, "prev", "waiting-children", "gid", gid)
   end
 end
 
@@ -178,7 +175,7 @@ local function releaseHeldGroupJobs(prefix, gid, q, now, maxEvents, slotFreed, m
       -- a held job removed meanwhile (Bull-Board, Node job.remove()) has left waiting-children
       local fields = takeHeldJob(prefix, gid, first, q)
       if fields then
-        enqueueReleasedJob(jobId, fields, q, now, maxEvents, pausedOrMaxed)
+        enqueueReleasedJob(jobId, gid, fields, q, now, maxEvents, pausedOrMaxed)
         running = running + rcall("SADD", runKey, jobId)
         released = released + 1
       end
@@ -218,7 +215,6 @@ local function regateFinishedJob(prefix, jobId, stateKey, prevState, resetAtm, r
   rcall("SREM", prefix .. "grp:run:" .. gid, jobId)
   local timestamp = tonumber(fields[3]) or now
   rcall("ZADD", prefix .. "grp:held:" .. gid, tonumber(fields[4]) or timestamp, fields[2] .. jobId)
-  rcall("HSET", prefix .. "grp:jobs", jobId, gid)
   rcall("SADD", prefix .. "grp:index", gid)
   rcall("ZADD", q.waitingChildren, heldScore(fields[2], fields[5], fields[6], isLifo(fields[7])), jobId)
   rcall("XADD", q.events, "MAXLEN", "~", maxEvents, "*", "event", "waiting-children", "jobId", jobId,
@@ -241,7 +237,6 @@ local function freeGroupSlot(prefix, gid, jobId, q, isMember)
     return false -- retrying, backing off or stalled: still the group's current job
   end
   rcall("SREM", runKey, jobId)
-  rcall("HDEL", prefix .. "grp:jobs", jobId)
   return true
 end
 
