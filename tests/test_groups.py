@@ -3,9 +3,7 @@
 Node workers, Node producers and Bull-Board are in tests/test_interop_groups.py. Handlers record
 their runs in Redis (tests/group_helpers.py) and `check_groups` asserts the invariants on them.
 
-Sizes: BULLMQ_COMPAT_FULL=1 runs the design's sizes (100,000 held jobs in the one-job-group
-test); the default runs 20,000 there so `make test` stays fast. The 2,000-job runs are full
-size either way.
+Sizes are the issue's: 2,000 jobs over 50 groups; 100,000 held jobs in the one-job-group test.
 """
 from __future__ import annotations
 
@@ -25,10 +23,9 @@ from bullmq_compat._errors import JobLockMismatch
 from bullmq_compat._groups import GroupJobRefused, GroupKeeper
 from tests._redis_server import RedisServer
 from tests.group_helpers import (
-    FULL, add_in_batches, check_groups, counts_by_group, group_jobs, keeper_proc, now_ms, python_worker_proc,
+    HELD_JOBS, add_in_batches, check_groups, counts_by_group, group_jobs, keeper_proc, now_ms, python_worker_proc,
     python_workers, read_records, rec_key, recording_processor, wait_completed, wait_records, wait_until)
 
-HELD_JOBS = 100_000 if FULL else 20_000
 
 
 @contextlib.asynccontextmanager

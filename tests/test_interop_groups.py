@@ -4,7 +4,7 @@ Node workers run interop/group_worker.js (recording handler, same records as the
 tests/group_helpers.py); jobs finished by Node workers are released by a keeper
 (``python -m bullmq_compat keeper``) or by the keeper inside every Python Worker.
 
-Sizes: BULLMQ_COMPAT_FULL=1 runs 100,000 held jobs in the one-job-group test (default 20,000).
+Sizes are the issue's: 2,000 jobs over 50 groups; 100,000 held jobs in the one-job-group test.
 """
 from __future__ import annotations
 
@@ -22,13 +22,12 @@ import redis.asyncio as aioredis
 from bullmq_compat import Queue, Worker
 from tests._redis_server import free_port
 from tests.group_helpers import (
-    FULL, add_in_batches, check_groups, counts_by_group, group_jobs, keeper_proc, now_ms, node_workers,
+    HELD_JOBS, add_in_batches, check_groups, counts_by_group, group_jobs, keeper_proc, now_ms, node_workers,
     python_worker_proc, python_workers, read_records, rec_key, wait_completed, wait_records, wait_until)
 from tests.node import NodeError, NodeProcess, node
 
 pytestmark = pytest.mark.node
 
-HELD_JOBS = 100_000 if FULL else 20_000
 
 
 async def state_is(queue: Queue, job_id: str, state: str) -> bool:
