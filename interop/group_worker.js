@@ -5,7 +5,8 @@
 //
 // JSON fields: redis (URL), queue, prefix (default "bull"), workers (Worker objects in this
 // process, default 1), concurrency (per Worker, default 1), rec (Redis key the handler records
-// into, default "rec:<queue>"), lockDuration, stalledInterval, maxStalledCount.
+// into, default "rec:<queue>"), lockDuration, stalledInterval, maxStalledCount, removeOnComplete,
+// removeOnFail (Worker options, passed as given).
 //
 // The handler of a job with data {g, s, sleepMs, fail, failTimes} records its run in Redis,
 // exactly as tests/group_helpers.py's Python processor does:
@@ -57,6 +58,8 @@ async function main() {
   if (args.lockDuration) workerOpts.lockDuration = args.lockDuration;
   if (args.stalledInterval) workerOpts.stalledInterval = args.stalledInterval;
   if (args.maxStalledCount !== undefined) workerOpts.maxStalledCount = args.maxStalledCount;
+  if (args.removeOnComplete !== undefined) workerOpts.removeOnComplete = args.removeOnComplete;
+  if (args.removeOnFail !== undefined) workerOpts.removeOnFail = args.removeOnFail;
   const workers = [];
   for (let i = 0; i < (args.workers || 1); i += 1) {
     const connection = new IORedis(url, { maxRetriesPerRequest: null });

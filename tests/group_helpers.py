@@ -286,7 +286,8 @@ def python_worker_proc(redis_url: str, queue_name: str, *, concurrency: int = 10
 
 def node_workers(redis_url: str, queue_name: str, **args: Any) -> NodeProcess:
     """interop/group_worker.js: Node BullMQ Workers with the recording handler (fields: workers,
-    concurrency, lockDuration, stalledInterval, maxStalledCount, prefix, rec)."""
+    concurrency, lockDuration, stalledInterval, maxStalledCount, removeOnComplete, removeOnFail,
+    prefix, rec)."""
     return NodeProcess(INTEROP / "group_worker.js", json.dumps({"redis": redis_url, "queue": queue_name, **args}))
 
 

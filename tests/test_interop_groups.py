@@ -76,6 +76,28 @@ async def test_node_workers_with_one_keeper_run_each_group_one_at_a_time_in_orde
         await assert_no_group_left(queue)
 
 
+async def test_node_workers_removing_finished_jobs_are_released_by_the_keepers_stream(
+        redis_url: str, queue_name: str, redis: aioredis.Redis) -> None:
+    """Node Workers with removeOnComplete (the finished job's hash, and its gid field, are gone at
+    once) and a keeper that sweeps only every 60 s: it must know each finished job's group from
+    what it read before, so 20 jobs per group run one after another within seconds, not minutes."""
+    items = group_jobs(25, 20)
+    async with Queue(queue_name, connection=redis_url) as queue:
+        async with node_workers(redis_url, queue_name, workers=2, concurrency=10, removeOnComplete={"count": 0}):
+            await add_in_batches(queue, items[:50])  # released and held before the keeper starts
+            async with keeper_proc(redis_url, queue_name, 60):
+                await add_in_batches(queue, items[50:])
+                started = time.monotonic()
+                await wait_records(redis, rec_key(queue_name), len(items), 30, queue)
+        took = time.monotonic() - started
+        print(f"{len(items)} jobs / 25 groups, Node workers removing on complete + keeper: {took:.2f}s")
+        ends, starts = await read_records(redis, rec_key(queue_name))
+        check_groups(ends, starts, counts_by_group(items))
+        assert await queue.get_job_counts("completed", "waiting-children", "waiting", "active") == {
+            "completed": 0, "waiting-children": 0, "waiting": 0, "active": 0}
+        await assert_no_group_left(queue)
+
+
 async def test_python_and_node_workers_at_once_keep_groups_fifo(
         redis_url: str, queue_name: str, redis: aioredis.Redis) -> None:
     """(1c) The same 2,000 jobs with 4 Python Workers and 4 Node Workers (concurrency 20 each)
