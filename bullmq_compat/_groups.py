@@ -209,7 +209,8 @@ class GroupKeeper:
         """Free the group slots of these finished jobs and release their groups' next jobs."""
         queue = self._queue
         base = queue.keys.prefix_key
-        found = {job_id: self._gids.pop(job_id, None) for job_id in job_ids}
+        # (an id twice in a batch, say 'completed' then 'removed', keeps what its first pop found)
+        found = {job_id: self._gids.pop(job_id, None) for job_id in dict.fromkeys(job_ids)}
         unknown = [job_id for job_id, gid in found.items() if gid is None]
         if unknown:  # not seen released: its hash names its group, unless gone (a sweep frees those)
             pipe = queue.client.pipeline(transaction=False)

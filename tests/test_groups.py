@@ -890,6 +890,23 @@ async def test_keeper_releases_jobs_whose_hash_the_finish_removed(
             await keeper.close()
             await asyncio.wait_for(task, 10)
             await worker.close()
+        # an id twice in one batch of events (say 'completed', then 'removed') is released once
+        more = [await queue.add("k", {}, group="L", remove_on_complete=True) for _ in range(2)]
+        worker = Worker(queue_name, connection=redis_url, group_keeper=False)
+        try:
+            job = await worker.get_next_job("t2")  # K's last job, released above: done first
+            assert job is not None and job.id == jobs[2].id
+            await job.move_to_completed(None, "t2")
+            job = await worker.get_next_job("t")
+            assert job is not None and job.id == more[0].id
+            await queue.finish_call(worker.worker_calls().move_to_finished(
+                job.id, job.opts, "completed", "null", "t", now_ms(), False))
+            idle = GroupKeeper.for_queue(queue)
+            idle.learn(job.id, "L")
+            assert await idle.release([job.id, job.id]) == 1
+            assert await queue.get_job_state(more[1].id) == "waiting"
+        finally:
+            await worker.close()
 
 
 async def _true(value: bool) -> bool:
