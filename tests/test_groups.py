@@ -63,6 +63,13 @@ async def group_keys_left(redis: aioredis.Redis, queue_name: str) -> set[str]:
     return {key.split(":grp:", 1)[1] for key in await redis.keys(f"bull:{queue_name}:grp:*")}
 
 
+async def finish_as_node(queue: Queue, worker: Worker, job: Any, token: str, target: str = "completed",
+                         value: str = "null") -> None:
+    """Finish ``job`` as a Node worker does: upstream's moveToFinished alone, so nothing is released."""
+    await queue.finish_call(worker.worker_calls().move_to_finished(
+        job.id, job.opts, target, value, token, now_ms(), False))
+
+
 async def held_ids(queue: Queue, gid: str) -> list[str]:
     return [job.id for job in await queue.get_group_jobs(gid)]
 
@@ -383,8 +390,7 @@ async def test_reusing_the_custom_id_of_a_finished_unreleased_job_does_not_wedge
         try:
             job = await worker.get_next_job("tok")
             assert job is not None and job.id == "X"
-            await queue.finish_call(worker.worker_calls().move_to_finished(  # as a Node worker: no release
-                "X", job.opts, "completed", "null", "tok", now_ms(), False))
+            await finish_as_node(queue, worker, job, "tok")
             assert await queue.get_job("X") is None
             await queue.add("k", {"again": True}, group="G", job_id="X")
             # the stale slot was freed: the group's next job (added before the new X) is released
@@ -411,8 +417,7 @@ async def test_a_custom_id_reused_in_another_group_frees_the_old_groups_stale_sl
         try:
             job = await worker.get_next_job("tok")
             assert job is not None and job.id == "X"
-            await queue.finish_call(worker.worker_calls().move_to_finished(  # as a Node worker: no release
-                "X", job.opts, "completed", "null", "tok", now_ms(), False))
+            await finish_as_node(queue, worker, job, "tok")
             await queue.add("k", {"again": True}, group="B", job_id="X")
             assert await queue.get_job_state("X") == "waiting"  # B was free
             assert await queue.get_job_state(a1.id) == "waiting-children"
@@ -838,8 +843,7 @@ async def test_keeper_releases_jobs_finished_outside_a_group_aware_worker(
             job = await worker.get_next_job("tok1")
             assert job is not None and job.id == first.id
             # finish it as a Node worker would: moveToFinished only, no release
-            await queue.finish_call(worker.worker_calls().move_to_finished(
-                first.id, job.opts, "completed", "null", "tok1", now_ms(), False))
+            await finish_as_node(queue, worker, job, "tok1")
             assert await queue.get_job_state(first.id) == "completed"
             await asyncio.sleep(0.1)
             assert await queue.get_job_state(second.id) == "waiting-children"
@@ -853,8 +857,7 @@ async def test_keeper_releases_jobs_finished_outside_a_group_aware_worker(
                 await asyncio.sleep(0.2)  # the keeper has made its first sweep and follows the stream
                 job = await worker.get_next_job("tok2")
                 assert job is not None and job.id == second.id
-                await queue.finish_call(worker.worker_calls().move_to_finished(
-                    second.id, job.opts, "failed", "boom", "tok2", now_ms(), False))
+                await finish_as_node(queue, worker, job, "tok2", "failed", "boom")
                 await wait_until(lambda: _state_is(queue, third.id, "waiting"), 5, "the keeper to release")
                 await wait_until(lambda: _true(keeper.released >= 1), 5, "the keeper to count its release")
             finally:
@@ -880,8 +883,7 @@ async def test_keeper_releases_jobs_whose_hash_the_finish_removed(
             for n, token in ((0, "t0"), (1, "t1")):
                 job = await worker.get_next_job(token)
                 assert job is not None and job.id == jobs[n].id
-                await queue.finish_call(worker.worker_calls().move_to_finished(  # as a Node worker
-                    job.id, job.opts, "completed", "null", token, now_ms(), False))
+                await finish_as_node(queue, worker, job, token)
                 assert await queue.get_job(job.id) is None
                 await wait_until(lambda: _state_is(queue, jobs[n + 1].id, "waiting"), 5,
                                  f"the keeper to release job {n + 1}")
@@ -899,8 +901,7 @@ async def test_keeper_releases_jobs_whose_hash_the_finish_removed(
             await job.move_to_completed(None, "t2")
             job = await worker.get_next_job("t")
             assert job is not None and job.id == more[0].id
-            await queue.finish_call(worker.worker_calls().move_to_finished(
-                job.id, job.opts, "completed", "null", "t", now_ms(), False))
+            await finish_as_node(queue, worker, job, "t")
             idle = GroupKeeper.for_queue(queue)
             idle.learn(job.id, "L")
             assert await idle.release([job.id, job.id]) == 1
@@ -934,8 +935,7 @@ async def test_keeper_misses_no_event_between_its_first_sweep_and_first_read(
         async def sweep_then_finish() -> int:
             released = await sweep()
             if await queue.get_job_state(first.id) == "active":
-                await queue.finish_call(worker.worker_calls().move_to_finished(
-                    first.id, job.opts, "completed", "null", "tok", now_ms(), False))
+                await finish_as_node(queue, worker, job, "tok")
             return released
 
         keeper.sweep = sweep_then_finish  # type: ignore[method-assign]
@@ -985,8 +985,7 @@ async def test_a_sweep_costs_a_few_commands_per_busy_group() -> None:
                 assert nested <= 3 * 40 + 10, stats
                 # finished as a Node worker would (upstream's script, no release): the sweep releases
                 head = heads[0]
-                await queue.finish_call(worker.worker_calls().move_to_finished(
-                    head.id, head.opts, "completed", "null", "t0", now_ms(), False))
+                await finish_as_node(queue, worker, head, "t0")
                 assert await queue.sweep_groups() == 1
                 assert (await queue.get_job_counts("waiting"))["waiting"] == 1
             finally:
