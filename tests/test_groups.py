@@ -27,7 +27,6 @@ from tests.group_helpers import (
     python_workers, read_records, rec_key, recording_processor, wait_completed, wait_records, wait_until)
 
 
-
 @contextlib.asynccontextmanager
 async def a_queue(name: str, url: str, **kwargs: Any) -> AsyncIterator[Queue]:
     queue = Queue(name, connection=url, **kwargs)
@@ -68,6 +67,18 @@ async def finish_as_node(queue: Queue, worker: Worker, job: Any, token: str, tar
     """Finish ``job`` as a Node worker does: upstream's moveToFinished alone, so nothing is released."""
     await queue.finish_call(worker.worker_calls().move_to_finished(
         job.id, job.opts, target, value, token, now_ms(), False))
+
+
+async def leave_a_stale_slot(queue: Queue, worker: Worker, gid: str) -> Any:
+    """Job "X" of group ``gid`` (removeOnComplete) finished as a Node worker finishes it, with no
+    keeper running: its hash is gone and its slot never freed. Returns the group's next job, added
+    behind X and still held."""
+    await queue.add("k", {}, group=gid, job_id="X", remove_on_complete=True)
+    after = await queue.add("k", {}, group=gid)
+    job = await worker.get_next_job("tok")
+    assert job is not None and job.id == "X"
+    await finish_as_node(queue, worker, job, "tok")
+    return after
 
 
 async def held_ids(queue: Queue, gid: str) -> list[str]:
@@ -384,13 +395,9 @@ async def test_reusing_the_custom_id_of_a_finished_unreleased_job_does_not_wedge
     down), then a new job "X" is added to the group: the stale slot must not pass for the new job's
     (it would never look finished, and the group would wait forever)."""
     async with a_queue(queue_name, redis_url) as queue:
-        await queue.add("k", {}, group="G", job_id="X", remove_on_complete=True)
-        after = await queue.add("k", {}, group="G")
         worker = Worker(queue_name, connection=redis_url, group_keeper=False)
         try:
-            job = await worker.get_next_job("tok")
-            assert job is not None and job.id == "X"
-            await finish_as_node(queue, worker, job, "tok")
+            after = await leave_a_stale_slot(queue, worker, "G")
             assert await queue.get_job("X") is None
             await queue.add("k", {"again": True}, group="G", job_id="X")
             # the stale slot was freed: the group's next job (added before the new X) is released
@@ -411,13 +418,9 @@ async def test_a_custom_id_reused_in_another_group_frees_the_old_groups_stale_sl
     """As above, but the new "X" goes to group B: A's stale slot is freed by the next sweep (X's hash
     now names B), and B's X is not taken for A's job."""
     async with a_queue(queue_name, redis_url) as queue:
-        await queue.add("k", {}, group="A", job_id="X", remove_on_complete=True)
-        a1 = await queue.add("k", {}, group="A")
         worker = Worker(queue_name, connection=redis_url, group_keeper=False)
         try:
-            job = await worker.get_next_job("tok")
-            assert job is not None and job.id == "X"
-            await finish_as_node(queue, worker, job, "tok")
+            a1 = await leave_a_stale_slot(queue, worker, "A")
             await queue.add("k", {"again": True}, group="B", job_id="X")
             assert await queue.get_job_state("X") == "waiting"  # B was free
             assert await queue.get_job_state(a1.id) == "waiting-children"
@@ -842,7 +845,6 @@ async def test_keeper_releases_jobs_finished_outside_a_group_aware_worker(
         try:
             job = await worker.get_next_job("tok1")
             assert job is not None and job.id == first.id
-            # finish it as a Node worker would: moveToFinished only, no release
             await finish_as_node(queue, worker, job, "tok1")
             assert await queue.get_job_state(first.id) == "completed"
             await asyncio.sleep(0.1)
