@@ -19,8 +19,8 @@ upstream: $(STAMP)
 
 interop: interop/node_modules/.package-lock.json
 
-# our group script, built from bullmq_compat/lua/ for Node producers (interop/groups.js)
-interop/lua/addGroupJob.lua: $(wildcard bullmq_compat/lua/*.lua bullmq_compat/lua/includes/*.lua) | upstream
+# our group script, built from bullmq_compat/_backends/redis/lua/ for Node producers (interop/groups.js)
+interop/lua/addGroupJob.lua: $(wildcard bullmq_compat/_backends/redis/lua/*.lua bullmq_compat/_backends/redis/lua/includes/*.lua) | upstream
 	mkdir -p interop/lua
 	$(VPY) -m bullmq_compat lua addGroupJob > $@.tmp && mv $@.tmp $@
 

@@ -237,7 +237,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_lua(args: argparse.Namespace) -> int:
     """Print one of our built Lua scripts (for Node producers of group jobs, see interop/groups.js)."""
-    from bullmq_compat._wire.lua import OWN_LUA_DIR, own_script
+    from bullmq_compat._backends.redis.lua import OWN_LUA_DIR, own_script
 
     matches = sorted(OWN_LUA_DIR.glob(f"{args.name}-*.lua"))
     if not matches:

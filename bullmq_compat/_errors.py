@@ -166,3 +166,12 @@ class JobFailed(BullMQCompatError):
 
 class JobWaitTimeout(BullMQCompatError, TimeoutError):
     """No finish notification for the job waited for arrived within the timeout."""
+
+
+class NotSupportedOnBackend(BullMQCompatError):
+    """An operation the queue's backend (Redis or PostgreSQL) does not implement, as in Node."""
+
+    def __init__(self, operation: str, backend: str) -> None:
+        super().__init__(f"{operation} is not supported on the {backend} backend (Node BullMQ refuses it too)")
+        self.operation = operation
+        self.backend = backend

@@ -17,15 +17,15 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from redis.exceptions import NoScriptError, ResponseError
 
-from bullmq_compat._connection import Connection, RedisHandle
+from bullmq_compat._backends.redis.connection import Connection, RedisHandle
 from bullmq_compat._errors import BullMQCompatError, InvalidArgument, InvalidJobOptions, script_error
 from bullmq_compat._job import Job
 from bullmq_compat._queue import Queue, check_prefix, check_queue_name
 from bullmq_compat._telemetry import BULK_COUNT, BULK_NAMES, FLOW_NAME, JOB_ID, JOB_NAME, SpanKind, Telemetry, resolve
-from bullmq_compat._wire.adding import PreparedAdd, prepare_add
-from bullmq_compat._wire.lua import Script, upstream_scripts
+from bullmq_compat._backends.redis.adding import PreparedAdd, prepare_add
+from bullmq_compat._backends.redis.lua import Script, upstream_scripts
 from bullmq_compat._wire.options import merge_defaults, normalize_job_options
-from bullmq_compat._wire.runner import _argv
+from bullmq_compat._backends.redis.runner import _argv
 
 _NODE_KEYS = {"name", "queue_name", "queueName", "data", "opts", "children", "prefix"}
 _GROUP_KEYS = ("group", "order_ms", "orderMs")

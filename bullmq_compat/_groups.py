@@ -1,6 +1,6 @@
 """Per-group FIFO: one job at a time per group (or k), groups in parallel, under any worker.
 
-Jobs of a group wait behind a gate our scripts own (``bullmq_compat/lua/``): only the head of
+Jobs of a group wait behind a gate our scripts own (``bullmq_compat/_backends/redis/lua/``): only the head of
 each group is visible to workers, whichever language they are written in. The rest are held,
 and listed in upstream's ``waiting-children`` set so Bull-Board and ``getJobCounts`` show them.
 Whoever finishes a group job releases the next: a bullmq-compat worker finishes group jobs through
@@ -20,11 +20,11 @@ import redis.exceptions as redis_exc
 
 from bullmq_compat._errors import BullMQCompatError, InvalidArgument, InvalidJobOptions
 from bullmq_compat._wire import codec
-from bullmq_compat._wire.keys import QueueKeys
-from bullmq_compat._wire.lua import Script, own_script
+from bullmq_compat._backends.redis.keys import QueueKeys
+from bullmq_compat._backends.redis.lua import Script, own_script
 
 if TYPE_CHECKING:
-    from bullmq_compat._connection import Connection
+    from bullmq_compat._backends.redis.connection import Connection
 
 logger = logging.getLogger("bullmq_compat.groups")
 
@@ -239,7 +239,7 @@ class GroupKeeper:
         The stream is read only while the queue has groups, so a keeper costs nothing on queues
         without group jobs; with ``follow_stream=False`` it only sweeps.
         """
-        from bullmq_compat._wire.channel import blocking_client
+        from bullmq_compat._backends.redis.channel import blocking_client
 
         queue = self._queue
         await queue.wait_until_ready()

@@ -17,7 +17,7 @@ from bullmq_compat._errors import (
 from bullmq_compat._job_flow import FlowJobMixin
 from bullmq_compat._wire import codec
 from bullmq_compat._wire.options import from_wire, normalize_job_options
-from bullmq_compat._wire.worker_calls import attempts_of, int_or_zero
+from bullmq_compat._backends.redis.worker_calls import attempts_of, int_or_zero
 
 if TYPE_CHECKING:
     from bullmq_compat._queue import QueueBase

@@ -6,7 +6,7 @@ import base64
 import time
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from bullmq_compat._connection import Connection, RedisHandle
+from bullmq_compat._backends.redis.connection import Connection, RedisHandle
 from bullmq_compat._errors import InvalidArgument, InvalidQueueName, script_error
 from bullmq_compat._events import EventEmitter
 from bullmq_compat._groups import GROUP_OPTIONS, FLOW_PARENT_REFUSED, GroupJobRefused, GroupsMixin
@@ -16,14 +16,14 @@ from bullmq_compat import _telemetry as telemetry_attrs
 from bullmq_compat._telemetry import resolve as resolve_telemetry
 from opentelemetry.trace import SpanKind
 from bullmq_compat._wire import codec
-from bullmq_compat._wire.adding import PreparedAdd, prepare_add
-from bullmq_compat._wire.keys import QueueKeys
-from bullmq_compat._wire.lua import own_script
+from bullmq_compat._backends.redis.adding import PreparedAdd, prepare_add
+from bullmq_compat._backends.redis.keys import QueueKeys
+from bullmq_compat._backends.redis.lua import own_script
 from bullmq_compat._wire.options import from_wire, merge_defaults, normalize_job_options
-from bullmq_compat._wire.channel import FastChannel
-from bullmq_compat._wire.fastconn import FastPathUnavailable
-from bullmq_compat._wire.runner import ScriptRunner
-from bullmq_compat._wire.worker_calls import WorkerCalls, WorkerWireOptions
+from bullmq_compat._backends.redis.channel import FastChannel
+from bullmq_compat._backends.redis.fastconn import FastPathUnavailable
+from bullmq_compat._backends.redis.runner import ScriptRunner
+from bullmq_compat._backends.redis.worker_calls import WorkerCalls, WorkerWireOptions
 
 LIBRARY_VERSION = "bullmq-compat:0.1.0"
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 import redis.exceptions as redis_exc
 
-from bullmq_compat._connection import Connection
+from bullmq_compat._backends.redis.connection import Connection
 from bullmq_compat._errors import (
     BullMQCompatError,
     InvalidArgument,
@@ -32,7 +32,7 @@ from bullmq_compat._errors import (
 )
 from bullmq_compat._queue import QueueBase
 from bullmq_compat._wire import codec
-from bullmq_compat._wire.channel import blocking_client
+from bullmq_compat._backends.redis.channel import blocking_client
 
 if TYPE_CHECKING:
     from bullmq_compat._job import Job

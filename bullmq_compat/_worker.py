@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Optional, Union
 import redis.exceptions as redis_exc
 
 from bullmq_compat._backoff import BackoffStrategy
-from bullmq_compat._connection import Connection
+from bullmq_compat._backends.redis.connection import Connection
 from bullmq_compat._errors import (
     DelayedError,
     InvalidArgument,
@@ -44,9 +44,9 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from bullmq_compat._queue import QueueBase
 from bullmq_compat._scheduler import advance_for_worker
 from bullmq_compat._wire import codec
-from bullmq_compat._wire.channel import Channel, open_channel
+from bullmq_compat._backends.redis.channel import Channel, open_channel
 from bullmq_compat._wire.options import normalize_job_options
-from bullmq_compat._wire.worker_calls import WorkerCalls, WorkerWireOptions, parse_next_job
+from bullmq_compat._backends.redis.worker_calls import WorkerCalls, WorkerWireOptions, parse_next_job
 
 logger = logging.getLogger("bullmq_compat.worker")
 

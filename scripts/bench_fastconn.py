@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import redis.asyncio as aioredis  # noqa: E402
 
-from bullmq_compat._wire.fastconn import FastConnection  # noqa: E402
+from bullmq_compat._backends.redis.fastconn import FastConnection  # noqa: E402
 
 SCRIPT = "return ARGV[1]"
 KEY = "bench:fastconn"

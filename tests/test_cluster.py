@@ -16,7 +16,7 @@ import pytest
 from redis.asyncio.cluster import RedisCluster
 
 from bullmq_compat import FlowProducer, Queue, Worker
-from bullmq_compat._wire.channel import RedisPyChannel
+from bullmq_compat._backends.redis.channel import RedisPyChannel
 from tests._cluster import LocalCluster, local_cluster
 from tests.node import NodeProcess, ROOT
 from tests.node_scripts import run_script
@@ -61,7 +61,7 @@ class Recorder:
 def test_keys_of_a_queue_share_one_slot(cluster: LocalCluster) -> None:
     from redis.crc import key_slot
 
-    from bullmq_compat._wire.keys import QUEUE_KEY_TYPES, QueueKeys
+    from bullmq_compat._backends.redis.keys import QUEUE_KEY_TYPES, QueueKeys
     keys = QueueKeys(PREFIX, "anything")
     slots = {key_slot(keys[t].encode()) for t in QUEUE_KEY_TYPES} | {key_slot(keys.job("1").encode())}
     assert len(slots) == 1
@@ -323,7 +323,7 @@ async def test_queue_events_on_cluster(client: RedisCluster, name: str) -> None:
 
 async def test_cluster_connection_is_described(cluster: LocalCluster) -> None:
     from bullmq_compat import RedisUnavailable
-    from bullmq_compat._connection import describe
+    from bullmq_compat._backends.redis.connection import describe
 
     client = RedisCluster(host=cluster.host, port=cluster.port)
     try:

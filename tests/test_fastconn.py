@@ -12,7 +12,7 @@ import pytest
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from bullmq_compat._wire.fastconn import (
+from bullmq_compat._backends.redis.fastconn import (
     AuthenticationFailed,
     ConnectionLost,
     FastConnection,

@@ -1063,7 +1063,7 @@ async def _run_grouped(url: str, name: str, jobs: int, groups: int, on_job: Any 
 async def test_group_finishes_run_by_fcall_and_the_library_is_loaded_again_after_a_flush() -> None:
     """On Redis 7 a group job finishes by FCALL of our function library, which the worker loads
     once; a library deleted meanwhile (FUNCTION FLUSH) is loaded again and no finish is lost."""
-    from bullmq_compat._wire.lua import own_library
+    from bullmq_compat._backends.redis.lua import own_library
 
     async with private_redis() as url:
         admin = aioredis.Redis.from_url(url, decode_responses=True)

@@ -13,8 +13,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from bullmq_compat._errors import BullMQCompatError, UpstreamScriptsMissing
-from bullmq_compat._wire import lua, upstream
-from bullmq_compat._wire.lua import LuaIncludeError, Script, ScriptBuilder, own_library, own_script, upstream_scripts
+from bullmq_compat._backends.redis import lua
+from bullmq_compat._wire import upstream
+from bullmq_compat._backends.redis.lua import LuaIncludeError, Script, ScriptBuilder, own_library, own_script, upstream_scripts
 
 FIXTURES = Path(__file__).parent / "lua_fixtures"
 
@@ -318,8 +319,8 @@ async def test_the_fast_channel_runs_a_function_that_fails_once(redis_url: str, 
     only when Redis lacks the library (the call did not run), never after an error of the call."""
     import dataclasses
 
-    from bullmq_compat._wire.channel import FastChannel
-    from bullmq_compat._wire.fastconn import ReplyError
+    from bullmq_compat._backends.redis.channel import FastChannel
+    from bullmq_compat._backends.redis.fastconn import ReplyError
 
     _write(tmp_path, {"own/boom-1.lua": "return redis.error_reply('boom ' .. redis.call('INCR', KEYS[1]))\n"})
     name = "bmqc_test_" + hashlib.sha1(str(tmp_path).encode()).hexdigest()[:12]

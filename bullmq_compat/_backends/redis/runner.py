@@ -10,7 +10,7 @@ from typing import Any, Awaitable, Callable, Optional, Sequence
 
 from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 
-from bullmq_compat._wire.lua import Library, Script, upstream_scripts
+from bullmq_compat._backends.redis.lua import Library, Script, upstream_scripts
 
 Call = tuple[Script, Sequence[Any], Sequence[Any]]
 Execute = Callable[..., Awaitable[Any]]

@@ -12,9 +12,9 @@ from typing import Any, Optional
 import redis.asyncio as aioredis
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from bullmq_compat._wire.fastconn import FastConnection, FastPathUnavailable, ReplyError
-from bullmq_compat._wire.runner import FunctionLibraries, ScriptRunner, _argv, _function_missing, _refused, load_once
-from bullmq_compat._wire.worker_calls import Call
+from bullmq_compat._backends.redis.fastconn import FastConnection, FastPathUnavailable, ReplyError
+from bullmq_compat._backends.redis.runner import FunctionLibraries, ScriptRunner, _argv, _function_missing, _refused, load_once
+from bullmq_compat._backends.redis.worker_calls import Call
 
 
 def blocking_client(client: Any, name: Optional[str] = None) -> Any:

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 from bullmq_compat._wire import codec
-from bullmq_compat._wire.keys import QueueKeys
-from bullmq_compat._wire.lua import Script, own_script, upstream_scripts
+from bullmq_compat._backends.redis.keys import QueueKeys
+from bullmq_compat._backends.redis.lua import Script, own_script, upstream_scripts
 
 Call = tuple[Script, list[Any], list[Any]]
 

@@ -7,8 +7,8 @@ from typing import Any, Mapping, Optional
 
 from bullmq_compat._errors import InvalidArgument, InvalidJobOptions
 from bullmq_compat._wire import codec
-from bullmq_compat._wire.keys import QueueKeys
-from bullmq_compat._wire.lua import Script, upstream_scripts
+from bullmq_compat._backends.redis.keys import QueueKeys
+from bullmq_compat._backends.redis.lua import Script, upstream_scripts
 from bullmq_compat._wire.options import to_wire
 
 

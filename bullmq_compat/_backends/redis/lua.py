@@ -45,7 +45,7 @@ __all__ = [
     "own_library", "OWN_LUA_DIR", "UPSTREAM_MAPPING", "LIBRARY_SCRIPTS",
 ]
 
-OWN_LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
+OWN_LUA_DIR = Path(__file__).resolve().parent / "lua"
 """Where bullmq-compat's own ``<name>-<numkeys>.lua`` scripts live."""
 
 UPSTREAM_MAPPING = "upstream"
@@ -332,7 +332,7 @@ LIBRARY_SCRIPTS = ("moveToFinishedGroup-15.lua",)
 
 
 def own_script(filename: str) -> Script:
-    """Build one of our own scripts, ``bullmq_compat/lua/<name>-<numkeys>.lua`` (cached); one of
+    """Build one of our own scripts, ``bullmq_compat/_backends/redis/lua/<name>-<numkeys>.lua`` (cached); one of
     `LIBRARY_SCRIPTS` also names its function in `own_library`."""
     return _own_script(own_builder(), OWN_LUA_DIR, filename)
 

@@ -1,0 +1,304 @@
+"""The backend contract: what Queue, Job, Worker, QueueEvents, FlowProducer and the scheduler code
+ask of a datastore, in queue words only (Node BullMQ 6's ``IQueueBackend``, under Python names).
+
+Two backends implement it: ``_backends/redis`` (upstream's Lua scripts) and ``_backends/postgres``
+(upstream's SQL functions). The classes above never import a datastore client; they hold a
+`QueueBackend` and call it. Every state change is one atomic call of upstream's script or SQL
+function (or ours composed from them), so a crash never leaves a change half-done.
+
+Shapes shared by both backends:
+
+* `JobFields` -- a job as upstream's Redis hash stores it (Node's ``JobJson``), all values text:
+  ``name``, ``data`` (JSON), ``opts`` (JSON, upstream's short keys such as ``kl``, ``de``),
+  ``timestamp``, ``delay``, ``priority``, ``processedOn``, ``finishedOn``, ``atm`` (attempts
+  made), ``ats`` (attempts started), ``stc`` (stalled count), ``returnvalue`` (JSON),
+  ``failedReason``, ``stacktrace`` (JSON list), ``progress`` (JSON), ``parentKey``, ``parent``
+  (JSON ``{"id", "queueKey"}``), ``rjk`` (scheduler id), ``deid`` (deduplication id), ``pb``
+  (processed by), ``defa`` (deferred failure). A field that is not set is absent.
+  ``Job.from_raw`` reads this one shape whatever the backend.
+* `NextJob` -- what a claim returns: ``(fields or None, job id or None, rate-limit delay ms,
+  next delayed job's due time ms)``; the last two are 0 when they do not apply.
+* Job options handed to a backend are Node's long names as `normalize_job_options` gives them
+  (``removeOnComplete``, ``deduplication``, ``parent`` ...).
+* Errors: a refused call raises the `ScriptError` subclass of upstream's code (`script_error`);
+  connection trouble raises one of `QueueBackend.transient_errors`; an operation the backend
+  cannot do raises `NotSupportedOnBackend`.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+JobFields = dict[str, str]
+NextJob = tuple[Optional[JobFields], Optional[str], int, int]
+
+
+@dataclass
+class NewJob:
+    """One job to add, validated and merged with the queue's defaults."""
+
+    name: str
+    data: Any
+    opts: dict[str, Any]          # Node-form options (long names)
+    timestamp: int                # ms, the producer's clock
+    job_id: str = ""              # "" asks the backend for the queue's next sequence id
+    queue_name: str = ""          # for flows: the node's queue ("" = the backend's queue)
+
+
+@dataclass
+class WorkerSettings:
+    """What a worker's calls need besides the job: Node's WorkerOptions that reach the datastore."""
+
+    name: Optional[str] = None
+    lock_duration: int = 30000
+    stalled_interval: int = 30000
+    max_stalled_count: int = 1
+    limiter: Optional[dict[str, int]] = None
+    remove_on_complete: Any = None
+    remove_on_fail: Any = None
+    max_metrics_size: Any = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class WorkerChannel(abc.ABC):
+    """One worker's hot path: claim, finish-and-fetch, locks, stalls, and the wait for work."""
+
+    @abc.abstractmethod
+    async def move_to_active(self, token: str, now: int) -> NextJob:
+        """Claim the next job for ``token`` (promoting due delayed jobs, honouring pause, limits)."""
+
+    @abc.abstractmethod
+    async def move_to_finished(self, job_id: str, job_opts: Mapping[str, Any], target: str, value: str,
+                               token: str, now: int, fetch_next: bool,
+                               fields_to_update: Optional[Mapping[str, str]] = None,
+                               group_id: Optional[str] = None) -> Optional[NextJob]:
+        """Complete (``target="completed"``, ``value`` = JSON return value) or fail for good
+        (``"failed"``, ``value`` = reason) an active job, then claim the next one when ``fetch_next``."""
+
+    @abc.abstractmethod
+    async def move_to_delayed(self, job_id: str, now: int, delay: int, token: str, *,
+                              skip_attempt: bool = False, fields_to_update: Optional[Mapping[str, str]] = None,
+                              fetch_next: bool = False) -> Optional[NextJob]:
+        """Back an active job off for ``delay`` ms (a retry with backoff, or the processor's own)."""
+
+    @abc.abstractmethod
+    async def retry_job(self, job_id: str, lifo: bool, token: str, now: int,
+                        fields_to_update: Optional[Mapping[str, str]] = None) -> None:
+        """Put an active job straight back to waiting for its next attempt."""
+
+    @abc.abstractmethod
+    async def extend_locks(self, job_ids: Sequence[str], tokens: Sequence[str], duration: int) -> list[str]:
+        """Renew the locks; returns the ids whose lock could not be renewed."""
+
+    @abc.abstractmethod
+    async def extend_lock(self, job_id: str, token: str, duration: int) -> bool:
+        """Renew one lock; False when it is not held with ``token``."""
+
+    @abc.abstractmethod
+    async def move_stalled_jobs_to_wait(self, now: int) -> list[str]:
+        """One stalled check: returns the ids moved back to waiting."""
+
+    @abc.abstractmethod
+    async def move_job_from_active_to_wait(self, job_id: str, token: str) -> int:
+        """Put an active job back to waiting (RateLimitError); returns the queue's rate-limit TTL."""
+
+    @abc.abstractmethod
+    async def move_to_waiting_children(self, job_id: str, token: str, now: int, child_key: str = "") -> bool:
+        """Park a parent until its children finish; False when it has none pending."""
+
+    @abc.abstractmethod
+    async def wait_for_job(self, timeout: float) -> Optional[tuple[str, float]]:
+        """Block up to ``timeout`` s until work may be there; ``(member, due ms)`` when woken, else None."""
+
+    async def wake_at(self, due_ms: int) -> None:
+        """Make a blocked `wait_for_job` return by ``due_ms`` (a delayed job learnt of meanwhile)."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release the channel's connections."""
+
+
+class EventsReader(abc.ABC):
+    """A cursor over the queue's events, as QueueEvents reads them."""
+
+    @abc.abstractmethod
+    async def last_id(self) -> str:
+        """The id of the newest event now ("0-0" / "0" when none): where "$" starts."""
+
+    @abc.abstractmethod
+    async def read(self, after_id: str, block_ms: int) -> list[tuple[str, dict[str, str]]]:
+        """Events after ``after_id``, waiting up to ``block_ms`` for the first (0: forever)."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release the reader's connection."""
+
+
+class QueueBackend(abc.ABC):
+    """One queue on one datastore. Built by `open_backend`; shared by a Queue's jobs."""
+
+    #: "redis" or "postgres": named in `NotSupportedOnBackend` and in docs
+    kind: str = ""
+    #: exception classes that mean the datastore could not be reached (retried with back-off)
+    transient_errors: tuple[type[BaseException], ...] = ()
+
+    name: str
+    #: Node's qualifiedName: the ``queue`` of a ``parent=`` option (``<prefix>:<name>`` on Redis)
+    qualified_name: str
+
+    @property
+    @abc.abstractmethod
+    def description(self) -> str:
+        """Where this backend connects, for messages (never with a password)."""
+
+    # -- life cycle ------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def connect(self) -> None:
+        """Check the datastore answers (and, on PostgreSQL, the schema); raise naming the address."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Close what this backend opened (a client passed in by the user stays open)."""
+
+    @abc.abstractmethod
+    def for_queue(self, name: str) -> "QueueBackend":
+        """A backend for another queue on the same connection (flows across queues)."""
+
+    # -- adding ------------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def add_jobs(self, jobs: Sequence[NewJob]) -> list[Any]:
+        """Add each job (one round trip where possible); per item its id, or the exception that
+        refused it (the others are still added, as Node's addBulk)."""
+
+    @abc.abstractmethod
+    async def add_flow(self, nodes: Sequence[tuple[NewJob, Optional[dict[str, Any]]]]) -> list[str]:
+        """Add a flow's nodes (children before parents, each with its parent link) atomically."""
+
+    # -- reading -----------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def get_job(self, job_id: str) -> Optional[JobFields]: ...
+
+    @abc.abstractmethod
+    async def get_state(self, job_id: str) -> str: ...
+
+    @abc.abstractmethod
+    async def get_counts(self, states: Sequence[str]) -> list[int]:
+        """Counts of jobs in each state (Python names: waiting, prioritized, waiting-children ...)."""
+
+    @abc.abstractmethod
+    async def get_jobs(self, states: Sequence[str], start: int, end: int, asc: bool
+                       ) -> list[tuple[str, JobFields]]: ...
+
+    @abc.abstractmethod
+    async def get_job_logs(self, job_id: str, start: int, end: int, asc: bool) -> tuple[list[str], int]: ...
+
+    @abc.abstractmethod
+    async def get_counts_per_priority(self, priorities: Sequence[int]) -> list[int]: ...
+
+    @abc.abstractmethod
+    async def get_metrics(self, type: str, start: int, end: int) -> tuple[list[Any], list[Any], int]:
+        """(meta [count, prevTS, prevCount], data points newest first, number of points)."""
+
+    @abc.abstractmethod
+    async def get_rate_limit_ttl(self, max_jobs: Optional[int]) -> int: ...
+
+    @abc.abstractmethod
+    async def get_deduplication_job_id(self, deduplication_id: str) -> Optional[str]: ...
+
+    @abc.abstractmethod
+    async def get_client_list(self) -> list[dict[str, str]]:
+        """The datastore's connections named like BullMQ clients: dicts with at least ``name``."""
+
+    # -- queue meta (pause, limits, versions) -------------------------------------------------
+    @abc.abstractmethod
+    async def set_meta(self, values: Mapping[str, Any]) -> None: ...
+
+    @abc.abstractmethod
+    async def get_meta_field(self, field: str) -> Optional[str]: ...
+
+    @abc.abstractmethod
+    async def get_meta(self) -> dict[str, str]: ...
+
+    @abc.abstractmethod
+    async def remove_meta_fields(self, fields: Sequence[str]) -> int: ...
+
+    # -- changing one job --------------------------------------------------------------------
+    @abc.abstractmethod
+    async def update_data(self, job_id: str, data_json: str) -> None: ...
+
+    @abc.abstractmethod
+    async def update_progress(self, job_id: str, progress_json: str) -> None: ...
+
+    @abc.abstractmethod
+    async def add_log(self, job_id: str, row: str, keep_logs: Optional[int]) -> int: ...
+
+    @abc.abstractmethod
+    async def remove(self, job_id: str, remove_children: bool) -> int: ...
+
+    @abc.abstractmethod
+    async def reprocess_job(self, job_id: str, state: str, lifo: bool, reset_attempts_made: bool,
+                            reset_attempts_started: bool, group_id: Optional[str] = None) -> None:
+        """Retry a finished (failed or completed) job."""
+
+    @abc.abstractmethod
+    async def promote(self, job_id: str) -> None: ...
+
+    @abc.abstractmethod
+    async def change_delay(self, job_id: str, delay: int, now: int) -> None: ...
+
+    @abc.abstractmethod
+    async def change_priority(self, job_id: str, priority: int, lifo: bool) -> None: ...
+
+    # -- managing the queue ------------------------------------------------------------------
+    @abc.abstractmethod
+    async def pause(self, paused: bool) -> None: ...
+
+    @abc.abstractmethod
+    async def drain(self, delayed: bool) -> None: ...
+
+    @abc.abstractmethod
+    async def clean(self, state: str, timestamp: int, limit: int) -> list[str]: ...
+
+    @abc.abstractmethod
+    async def obliterate(self, force: bool, count: int) -> None: ...
+
+    @abc.abstractmethod
+    async def retry_jobs(self, state: str, count: int, timestamp: int) -> None: ...
+
+    @abc.abstractmethod
+    async def promote_jobs(self, count: int) -> None: ...
+
+    @abc.abstractmethod
+    async def remove_deduplication_key(self, deduplication_id: str) -> int: ...
+
+    @abc.abstractmethod
+    async def trim_events(self, max_length: int) -> int: ...
+
+    @abc.abstractmethod
+    async def publish_event(self, fields: Mapping[str, Any], max_events: int) -> str: ...
+
+    # -- flows --------------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def get_processed_children_values(self, job_id: str) -> dict[str, str]:
+        """``{child key: JSON text of its return value}``."""
+
+    @abc.abstractmethod
+    async def get_ignored_children_failures(self, job_id: str) -> dict[str, str]: ...
+
+    @abc.abstractmethod
+    async def get_dependency_counts(self, job_id: str, types: Sequence[str]) -> list[int]: ...
+
+    @abc.abstractmethod
+    async def remove_child_dependency(self, job_id: str, parent_key: str) -> bool: ...
+
+    @abc.abstractmethod
+    async def remove_unprocessed_children(self, job_id: str) -> None: ...
+
+    # -- workers and events ------------------------------------------------------------------
+    @abc.abstractmethod
+    async def open_worker_channel(self, settings: WorkerSettings, client_name: str, *,
+                                  fast: bool = True) -> WorkerChannel: ...
+
+    @abc.abstractmethod
+    async def open_events_reader(self, client_name: str) -> EventsReader: ...
