@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-import redis.exceptions as redis_exc
 
 from bullmq_compat._errors import BullMQCompatError
 
@@ -75,16 +74,9 @@ def _queue(args: argparse.Namespace, name: str) -> Any:
 
 
 async def _discover_queues(args: argparse.Namespace) -> list[str]:
-    import redis.asyncio as aioredis
+    from bullmq_compat._backends.redis.backend import discover_queues
 
-    client = aioredis.Redis.from_url(args.redis, decode_responses=True)
-    try:
-        names = set()
-        async for key in client.scan_iter(match=f"{args.prefix}:*:meta", count=1000):
-            names.add(key[len(args.prefix) + 1:-len(":meta")])
-        return sorted(names)
-    finally:
-        await client.aclose()
+    return await discover_queues(args.redis, args.prefix)
 
 
 async def cmd_info(args: argparse.Namespace) -> int:
@@ -322,6 +314,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except BullMQCompatError as err:
             print(f"bullmq-compat: {err}", file=sys.stderr)
             return 2
+    from bullmq_compat._backends.redis.backend import CONNECTION_ERRORS, REDIS_ERRORS
+
     args = build_parser().parse_args(argv)
     try:
         result = args.run(args)
@@ -333,11 +327,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     except BrokenPipeError:  # output piped into head and closed: not an error of ours
         return 0
-    except (ConnectionError, OSError, redis_exc.ConnectionError, redis_exc.TimeoutError) as err:
+    except CONNECTION_ERRORS as err:
         print(f"bullmq-compat: cannot reach Redis at {getattr(args, 'redis', '?')} ({err}); "
               "check --redis and that redis-server is running", file=sys.stderr)
         return 2
-    except redis_exc.RedisError as err:
+    except REDIS_ERRORS as err:
         print(f"bullmq-compat: Redis refused the command: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -15,17 +15,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
-from redis.exceptions import NoScriptError, ResponseError
-
-from bullmq_compat._backends.redis.connection import Connection, RedisHandle
+from bullmq_compat._backends import open_backend
+from bullmq_compat._backends.base import NewJob
 from bullmq_compat._errors import BullMQCompatError, InvalidArgument, InvalidJobOptions, script_error
 from bullmq_compat._job import Job
-from bullmq_compat._queue import Queue, check_prefix, check_queue_name
+from bullmq_compat._queue import Connection, Queue, check_prefix, check_queue_name
 from bullmq_compat._telemetry import BULK_COUNT, BULK_NAMES, FLOW_NAME, JOB_ID, JOB_NAME, SpanKind, Telemetry, resolve
-from bullmq_compat._backends.redis.adding import PreparedAdd, prepare_add
-from bullmq_compat._backends.redis.lua import Script, upstream_scripts
 from bullmq_compat._wire.options import merge_defaults, normalize_job_options
-from bullmq_compat._backends.redis.runner import _argv
 
 _NODE_KEYS = {"name", "queue_name", "queueName", "data", "opts", "children", "prefix"}
 _GROUP_KEYS = ("group", "order_ms", "orderMs")
@@ -69,7 +65,7 @@ def parse_node_key(key: str) -> tuple[str, str, str]:
 class _Entry:
     """One node's add, ready to go into the transaction."""
 
-    prepared: PreparedAdd
+    prepared: Any  # the backend's prepared add (prepare_flow_node)
     node: JobNode
     parent_key: Optional[str]
 
@@ -91,28 +87,34 @@ class FlowProducer:
     failure does to its parent, as in Node.
     """
 
-    def __init__(self, connection: Connection = None, *, prefix: str = "bull", telemetry: Any = None) -> None:
+    def __init__(self, connection: Connection = None, *, prefix: str = "bull", telemetry: Any = None,
+                 schema: Optional[str] = None, migrate: bool = False) -> None:
         self.prefix = check_prefix(prefix)
         # OpenTelemetry, as Node's FlowProducer with bullmq-otel: a producer span "addFlow <queue>"
         # (or "addBulkFlows"), one "addNode <queue>" per job below it (a child's under its
         # parent's), and each job's opts.tm holding its addNode span's context
         self.telemetry: Optional[Telemetry] = resolve(telemetry)
-        self._redis = RedisHandle(connection)
-        self.client: Any = self._redis.client
+        # the connection, bound to no queue in particular: each queue's backend shares it (for_queue)
+        self._backend = open_backend("flows", connection, prefix=self.prefix, schema=schema, migrate=migrate)
         self._queues: dict[tuple[str, str], Queue] = {}
         self._ready = False
         self.closing = False
 
+    @property
+    def client(self) -> Any:
+        """The redis-py client (Redis only)."""
+        return getattr(self._backend, "client")
+
     async def wait_until_ready(self) -> None:
-        """Check once that Redis answers (raises `RedisUnavailable` naming the address)."""
+        """Check once that the datastore answers (raises naming the address, never a password)."""
         if not self._ready:
-            await self._redis.check()
+            await self._backend.connect()
             self._ready = True
 
     async def close(self) -> None:
         """Close the connection it opened (a client passed as ``connection=`` stays open); later adds are refused."""
         self.closing = True
-        await self._redis.close()
+        await self._backend.close()
 
     async def __aenter__(self) -> "FlowProducer":
         await self.wait_until_ready()
@@ -126,7 +128,8 @@ class FlowProducer:
         prefix = self.prefix if prefix is None else check_prefix(prefix)
         found = self._queues.get((prefix, name))
         if found is None:
-            found = Queue(name, self.client, prefix=prefix, skip_meta_update=True)
+            found = Queue(name, prefix=prefix, skip_meta_update=True,
+                          backend=self._backend.for_queue(name, prefix))
             self._queues[(prefix, name)] = found
         return found
 
@@ -178,48 +181,14 @@ class FlowProducer:
         if not entries:
             return roots
         await self.wait_until_ready()
-        now = int(time.time() * 1000)
-        calls: list[tuple[Script, list[Any], list[Any]]] = [
-            (e.prepared.script, e.prepared.keys, e.prepared.args) for e in entries]
-        release = upstream_scripts()["releaseParentIfNoPendingDependencies"]
-        parents: dict[str, dict[str, Any]] = {}
-        for entry in entries:
-            link = entry.node.job.parent
-            if entry.parent_key and link:
-                parents[entry.parent_key] = link
-        for parent_key, link in parents.items():
-            calls.append((release, [parent_key, f"{parent_key}:dependencies"], [link["queueKey"], link["id"], now]))
-        results = await self._transaction(calls)
+        results = await self._backend.add_flow([entry.prepared for entry in entries])
         for entry, result in zip(entries, results):
             if isinstance(result, BaseException):
                 raise result
             if isinstance(result, int) and result < 0:
                 raise script_error(result, job_id=str(entry.node.job.id), command="addJob",
                                    parent_key=entry.parent_key)
-        for result in results[len(entries):]:
-            if isinstance(result, BaseException):
-                raise result
         return roots
-
-    async def _transaction(self, calls: list[tuple[Script, list[Any], list[Any]]]) -> list[Any]:
-        """All calls in one MULTI/EXEC. Scripts are loaded first: a NOSCRIPT inside the transaction
-        would fail that one call and let the others run, breaking the all-or-nothing add."""
-        scripts = list({script.sha: script for script, _, _ in calls}.values())
-        loaded = await self.client.script_exists(*(s.sha for s in scripts))
-        for script, present in zip(scripts, loaded):
-            if not present:
-                await self.client.script_load(script.lua)
-        pipe = self.client.pipeline(transaction=True)
-        for script, keys, args in calls:
-            # execute_command, not pipe.evalsha: a RedisCluster pipeline blocks its evalsha method
-            pipe.execute_command("EVALSHA", script.sha, len(keys), *_argv(keys, args))
-        results = list(await pipe.execute(raise_on_error=False))
-        if any(isinstance(r, NoScriptError) or (isinstance(r, ResponseError) and str(r).startswith("NOSCRIPT"))
-               for r in results):
-            raise BullMQCompatError(
-                "Redis dropped the flow scripts during the add (SCRIPT FLUSH or a restart?): "
-                "part of the flow may be missing; check it with get_flow")
-        return results
 
     @staticmethod
     def _queue_defaults(queues_options: Optional[Mapping[str, Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
@@ -320,10 +289,10 @@ class FlowProducer:
                 for flag, short in _POLICY_FLAGS:
                     if opts.get(flag):
                         link[short] = True
-            prepared = prepare_add(
-                queue.keys, spec["name"], spec.get("data"), opts, job_id=job_id, parent_key=parent_key,
-                parent_dependencies_key=f"{parent_key}:dependencies" if parent_key else None, parent=link,
-                add_to_waiting_children=bool(children), defer_parent_release=True)
+            new_job = NewJob(name=spec["name"], data=spec.get("data"), opts=opts, job_id=job_id,
+                             timestamp=int(opts.get("timestamp") or time.time() * 1000), queue_name=queue_name)
+            prepared = queue.backend.prepare_flow_node(new_job, parent_key=parent_key, parent_link=link,
+                                                       has_children=bool(children))
         except InvalidArgument as err:
             label = f"{path} ({spec.get('name')!r} in queue {spec.get('queue_name', spec.get('queueName'))!r})"
             raise type(err)(f"{label}: {err}") from None
@@ -369,4 +338,4 @@ class FlowProducer:
         return JobNode(job, [child for child in children if child is not None])
 
     def __repr__(self) -> str:
-        return f"<FlowProducer prefix={self.prefix!r} {self._redis.description}>"
+        return f"<FlowProducer prefix={self.prefix!r} {self._backend.description}>"

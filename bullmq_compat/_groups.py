@@ -1,47 +1,31 @@
 """Per-group FIFO: one job at a time per group (or k), groups in parallel, under any worker.
 
-Jobs of a group wait behind a gate our scripts own (``bullmq_compat/_backends/redis/lua/``): only the head of
-each group is visible to workers, whichever language they are written in. The rest are held,
-and listed in upstream's ``waiting-children`` set so Bull-Board and ``getJobCounts`` show them.
-Whoever finishes a group job releases the next: a bullmq-compat worker finishes group jobs through
-our moveToFinishedGroup script (upstream's moveToFinished, unchanged, then the release, in one
-call); jobs finished by Node workers are released by a
-`GroupKeeper` that follows the queue's events stream and sweeps the group index. Release is
-idempotent, and safety never depends on the keeper: without one, held jobs only wait longer.
+Jobs of a group wait behind a gate our scripts own (``bullmq_compat/_backends/redis/lua/``): only
+the head of each group is visible to workers, whichever language they are written in. The rest are
+held, and listed in upstream's ``waiting-children`` set so Bull-Board and ``getJobCounts`` show
+them. Whoever finishes a group job releases the next: a bullmq-compat worker finishes group jobs
+through our moveToFinishedGroup script (upstream's moveToFinished, unchanged, then the release, in
+one call); jobs finished by Node workers are released by a `GroupKeeper` that follows the queue's
+events stream and sweeps the group index. Release is idempotent, and safety never depends on the
+keeper: without one, held jobs only wait longer.
+
+This module is the feature's API and its option rules; the gate itself is the Redis backend's
+(``_backends/redis/groups.py``). Groups are Redis-only for now: on PostgreSQL they are refused.
 """
 from __future__ import annotations
 
-import asyncio
-import logging
-import time
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-import redis.exceptions as redis_exc
-
-from bullmq_compat._errors import BullMQCompatError, InvalidArgument, InvalidJobOptions
-from bullmq_compat._wire import codec
-from bullmq_compat._backends.redis.keys import QueueKeys
-from bullmq_compat._backends.redis.lua import Script, own_script
+from bullmq_compat._errors import InvalidArgument, InvalidJobOptions, NotSupportedOnBackend
 
 if TYPE_CHECKING:
-    from bullmq_compat._backends.redis.connection import Connection
+    from bullmq_compat._backends.base import QueueBackend
 
-logger = logging.getLogger("bullmq_compat.groups")
-
-GROUP_SEQ_DIGITS = 15  # as in lua/includes/groupGate.lua
 FLOW_PARENT_REFUSED = -100
 
 
 class GroupJobRefused(InvalidJobOptions):
     """A group job combined with an option that cannot hold under the group gate."""
-
-
-def add_script() -> Script:
-    return own_script("addGroupJob-12.lua")
-
-
-def update_script() -> Script:
-    return own_script("updateGroups-11.lua")
 
 
 def check_group(name: str, value: Any) -> dict[str, str]:
@@ -74,280 +58,37 @@ _REFUSED_WITH_GROUP = {
 
 
 def check_group_combination(opts: Mapping[str, Any]) -> None:
+    """Refuse a group job whose options cannot hold behind the gate; ``order_ms`` needs a group."""
+    if opts.get("group") is None:
+        order_ms = opts.get("order_ms", opts.get("orderMs"))
+        if order_ms is not None:
+            raise InvalidJobOptions(f"option order_ms={order_ms!r} orders jobs within a group: pass group= too")
+        return
     for option, reason in _REFUSED_WITH_GROUP.items():
         if option in opts:
             raise GroupJobRefused(f"option {option!r} cannot be used with group={opts['group']!r}: {reason}")
 
 
-def gate_keys(keys: QueueKeys) -> list[str]:
-    """KEYS[1..11] of our group scripts (group keys themselves are derived from the prefix)."""
-    return [keys.wait, keys.meta, keys.active, keys.marker, keys.prioritized, keys.pc, keys.delayed,
-            keys.events, keys.waiting_children, keys.completed, keys.failed]
-
-
-def release_call(keys: QueueKeys, job_id: str, gid: str) -> tuple[Script, list[str], list[Any]]:
-    """Free ``job_id``'s slot in group ``gid`` if it has finished and release the group's next jobs."""
-    return update_script(), gate_keys(keys), [keys.prefix_key, "release", job_id, gid, int(time.time() * 1000)]
-
-
-def update_call(keys: QueueKeys, op: str, arg: Any = "", arg2: Any = "") -> tuple[Script, list[str], list[Any]]:
-    return update_script(), gate_keys(keys), [keys.prefix_key, op, arg, arg2, int(time.time() * 1000)]
-
-
-def held_job_id(member: str) -> str:
-    return member[GROUP_SEQ_DIGITS:]
-
-
-class GroupKeeper:
-    """Releases groups whose jobs were finished by Node workers, and sweeps the group index.
-
-    Run it beside Node-only workers (``bullmq-compat keeper --queue Q``); every bullmq-compat
-    Worker also runs one. Any number may run at once: release is idempotent.
-
-    >>> keeper = GroupKeeper("emails", connection="redis://127.0.0.1:6379/0")
-    >>> await keeper.run()        # until close()
-    """
-
-    FINISH_EVENTS = frozenset({"completed", "failed", "removed"})
-    #: how many released jobs' groups a keeper remembers (see `learn`); past it, the oldest are
-    #: forgotten (their finish is then noticed by a sweep if their hash is gone)
-    MAX_KNOWN = 200_000
-    #: a sweep costs Redis about 10 commands per group: after one that took d seconds, no keeper of
-    #: the queue sweeps again for SWEEP_DUTY_FACTOR * d (so sweeping takes at most ~5% of Redis)
-    SWEEP_DUTY_FACTOR = 20
-
-    def __init__(self, queue_name: str, connection: "Connection" = None, *, prefix: str = "bull",
-                 sweep_interval: float = 5.0, block_ms: int = 5000, follow_stream: bool = True) -> None:
-        from bullmq_compat._queue import QueueBase
-
-        self._queue = QueueBase(queue_name, connection, prefix=prefix)
-        self.sweep_interval = sweep_interval
-        self.block_ms = block_ms
-        self.follow_stream = follow_stream
-        self.closing = False
-        self._blocking: Any = None
-        self._task: Optional[asyncio.Task[None]] = None
-        self.released = 0
-        self.sweeps = 0
-        self._gids: dict[str, str] = {}
-
-    @classmethod
-    def for_queue(cls, queue: Any, *, sweep_interval: float = 5.0, follow_stream: bool = True) -> "GroupKeeper":
-        """A keeper sharing an existing queue's (or worker's) connection."""
-        keeper = cls.__new__(cls)
-        keeper._queue = queue
-        keeper.sweep_interval = sweep_interval
-        keeper.block_ms = 5000
-        keeper.follow_stream = follow_stream
-        keeper.closing = False
-        keeper._blocking = None
-        keeper._task = None
-        keeper.released = 0
-        keeper.sweeps = 0
-        keeper._gids = {}
-        return keeper
-
-    async def sweep(self) -> int:
-        """Release every group whose slot holder has finished; returns how many jobs were released."""
-        queue = self._queue
-        await queue.wait_until_ready()
-        cursor, total = "0", 0
-        while True:
-            script, keys, args = update_call(queue.keys, "sweep", cursor, 200)
-            cursor, released = codec.to_str(await queue.runner.call(script, keys, args))
-            total += int(released)
-            if cursor == "0":
-                break
-        self.released += total
-        self.sweeps += 1
-        return total
-
-    async def sweep_if_due(self) -> Optional[int]:
-        """Sweep unless another keeper of this queue (every Worker runs one) swept within the last
-        ``sweep_interval``: the keepers share a lease in Redis, so the queue is swept about once per
-        interval however many keepers run. Returns how many jobs were released, or None when not due."""
-        queue = self._queue
-        await queue.wait_until_ready()
-        base = queue.keys.prefix_key
-        if not await queue.client.exists(base + "grp:index"):
-            return 0  # no groups: nothing to sweep (and no lease written on queues without groups)
-        interval_ms = max(1, int(self.sweep_interval * 1000))
-        lease = base + "grp:sweep"
-        if not await queue.client.set(lease, "1", nx=True, px=interval_ms):
-            return None
-        started = time.monotonic()
-        released = await self.sweep()
-        quiet_ms = int((time.monotonic() - started) * 1000 * self.SWEEP_DUTY_FACTOR)
-        if quiet_ms > interval_ms:  # a big index: space sweeps out so they stay a small share of Redis
-            await queue.client.pexpire(lease, quiet_ms)
-        return released
-
-    def learn(self, job_id: str, gid: str) -> None:
-        """Remember the group of a released job (from its "waiting" event, or a running set): once
-        it has finished, its hash may be gone (removeOnComplete) and with it the group's name."""
-        known = self._gids
-        known[job_id] = gid
-        if len(known) > self.MAX_KNOWN:
-            del known[next(iter(known))]
-
-    async def learn_running(self) -> None:
-        """Learn the groups of the jobs that hold a slot now (released before this keeper read the
-        stream): one SMEMBERS per group of the index."""
-        queue = self._queue
-        base = queue.keys.prefix_key
-        gids = [codec.to_str(gid) async for gid in queue.client.sscan_iter(base + "grp:index", count=1000)]
-        for start in range(0, len(gids), 1000):
-            page = gids[start:start + 1000]
-            pipe = queue.client.pipeline(transaction=False)
-            for gid in page:
-                pipe.smembers(base + "grp:run:" + gid)
-            for gid, members in zip(page, await pipe.execute()):
-                for job_id in members:
-                    self.learn(codec.to_str(job_id), gid)
-
-    async def release(self, job_ids: Sequence[str]) -> int:
-        """Free the group slots of these finished jobs and release their groups' next jobs."""
-        queue = self._queue
-        base = queue.keys.prefix_key
-        # (an id twice in a batch, say 'completed' then 'removed', keeps what its first pop found)
-        found = {job_id: self._gids.pop(job_id, None) for job_id in dict.fromkeys(job_ids)}
-        unknown = [job_id for job_id, gid in found.items() if gid is None]
-        if unknown:  # not seen released: its hash names its group, unless gone (a sweep frees those)
-            pipe = queue.client.pipeline(transaction=False)
-            for job_id in unknown:
-                pipe.hget(base + job_id, "gid")
-            found.update(zip(unknown, await pipe.execute()))
-        candidates = [(job_id, codec.to_str(gid)) for job_id, gid in found.items() if gid]
-        if not candidates:
-            return 0
-        # most were released by whoever finished them (a bullmq-compat worker): only a job still in
-        # its group's running set costs a script call
-        pipe = queue.client.pipeline(transaction=False)
-        for job_id, gid in candidates:
-            pipe.sismember(base + "grp:run:" + gid, job_id)
-        holding = [c for c, member in zip(candidates, await pipe.execute()) if member]
-        if not holding:
-            return 0
-        results = await queue.runner.call_many([release_call(queue.keys, job_id, gid) for job_id, gid in holding])
-        released = sum(int(r) for r in results if isinstance(r, int))
-        self.released += released
-        return released
-
-    async def run(self) -> None:
-        """Follow the events stream (XREAD BLOCK) and sweep every ``sweep_interval`` seconds.
-
-        The stream is read only while the queue has groups, so a keeper costs nothing on queues
-        without group jobs; with ``follow_stream=False`` it only sweeps.
-        """
-        from bullmq_compat._backends.redis.channel import blocking_client
-
-        queue = self._queue
-        await queue.wait_until_ready()
-        if not self.follow_stream:
-            await self._sweep_only()
-            return
-        self._blocking = blocking_client(queue.client)
-        index_key = queue.keys.prefix_key + "grp:index"
-        last_id = "$"
-        next_sweep = 0.0
-        trouble = False
-        while not self.closing:
-            try:
-                if last_id == "$":
-                    # read on from the stream's end as it is *before* the sweep: with "$", whatever
-                    # finished between the sweep and XREAD (or between two empty XREADs) would wait
-                    # for the next sweep
-                    newest = await self._blocking.xrevrange(queue.keys.events, count=1)
-                    last_id = codec.to_str(newest[0][0]) if newest else "0-0"
-                    # jobs released before that point are not in what it reads: learn their groups now
-                    await self.learn_running()
-                if time.monotonic() >= next_sweep:
-                    # the first sweep is this keeper's own: its stream reading starts there
-                    await (self.sweep() if next_sweep == 0.0 else self.sweep_if_due())
-                    next_sweep = time.monotonic() + self.sweep_interval
-                if not await queue.client.exists(index_key):
-                    # no groups: nothing to release; note where the stream ends and look again soon
-                    newest = await self._blocking.xrevrange(queue.keys.events, count=1)
-                    last_id = codec.to_str(newest[0][0]) if newest else "0-0"
-                    await asyncio.sleep(min(0.5, max(0.0, next_sweep - time.monotonic())) or 0.05)
-                    continue
-                block = max(1, min(self.block_ms, int((next_sweep - time.monotonic()) * 1000)))
-                reply = await self._blocking.xread({queue.keys.events: last_id}, count=1000, block=block)
-                trouble = False
-            except (redis_exc.ConnectionError, redis_exc.TimeoutError, OSError, ConnectionError) as err:
-                if self.closing:
-                    break
-                if not trouble:
-                    logger.warning("group keeper for %s lost Redis (%s); retrying", queue.name, err)
-                    trouble = True
-                await asyncio.sleep(1.0)
-                continue
-            finished: list[str] = []
-            for _stream, entries in reply or []:
-                for entry_id, fields in entries:
-                    last_id = codec.to_str(entry_id)
-                    fields = codec.str_dict(fields)
-                    job_id = fields.get("jobId")
-                    if not job_id:
-                        continue
-                    event = fields.get("event")
-                    if event in self.FINISH_EVENTS:
-                        finished.append(job_id)
-                    elif event == "waiting" and fields.get("gid"):  # released by a gate (ours)
-                        self.learn(job_id, fields["gid"])
-            if finished:
-                await self.release(finished)
-
-    async def _sweep_only(self) -> None:
-        trouble = False
-        while not self.closing:
-            try:
-                await self.sweep_if_due()
-                trouble = False
-            except (redis_exc.ConnectionError, redis_exc.TimeoutError, OSError, ConnectionError) as err:
-                if self.closing:
-                    break
-                if not trouble:
-                    logger.warning("group keeper for %s lost Redis (%s); retrying", self._queue.name, err)
-                    trouble = True
-            await asyncio.sleep(self.sweep_interval)
-
-    async def close(self) -> None:
-        """Stop the keeper (started by `run` or `start`) and close its blocking connection."""
-        self.closing = True
-        if self._blocking is not None and self._blocking is not self._queue.client:
-            await self._blocking.aclose()
-        if self._task is not None:
-            self._task.cancel()
-
-    def start(self) -> "asyncio.Task[None]":
-        """Run the keeper as a background task (errors are logged, not raised)."""
-        self._task = asyncio.ensure_future(self._run_quietly())
-        return self._task
-
-    async def _run_quietly(self) -> None:
-        try:
-            await self.run()
-        except asyncio.CancelledError:
-            pass
-        except Exception:
-            if not self.closing:
-                logger.exception("group keeper for %s stopped", self._queue.name)
+def group_support(backend: "QueueBackend") -> Any:
+    """The backend's group gate, or `NotSupportedOnBackend` where it has none."""
+    groups = getattr(backend, "groups", None)
+    if groups is None:
+        raise NotSupportedOnBackend("groups (group=, the group API)", backend.kind)
+    return groups()
 
 
 class GroupsMixin:
     """Group methods of `Queue`."""
 
-    keys: QueueKeys
-    runner: Any
-    client: Any
+    backend: "QueueBackend"
     if TYPE_CHECKING:
         async def wait_until_ready(self) -> None: ...  # provided by QueueBase
+        async def get_job(self, job_id: str) -> Any: ...
 
-    async def _group_op(self, op: str, arg: Any = "", arg2: Any = "") -> Any:
+    async def _groups(self) -> Any:
+        groups = group_support(self.backend)
         await self.wait_until_ready()
-        script, keys, args = update_call(self.keys, op, arg, arg2)
-        return await self.runner.call(script, keys, args)
+        return groups
 
     @staticmethod
     def _gid(group_id: Any) -> str:
@@ -357,46 +98,40 @@ class GroupsMixin:
         """Let up to ``concurrency`` jobs of ``group_id`` run at once (default 1)."""
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise InvalidArgument(f"concurrency={concurrency!r} must be an int >= 1")
-        await self._group_op("concurrency", self._gid(group_id), concurrency)
+        await (await self._groups()).op("concurrency", self._gid(group_id), concurrency)
 
     async def set_default_group_concurrency(self, concurrency: int) -> None:
         """The concurrency of every group of this queue without its own setting."""
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise InvalidArgument(f"concurrency={concurrency!r} must be an int >= 1")
-        await self._group_op("concurrency", "*", concurrency)
-        await GroupKeeper.for_queue(self).sweep()
+        groups = await self._groups()
+        await groups.op("concurrency", "*", concurrency)
+        await groups.sweep()
 
     async def get_group_concurrency(self, group_id: str) -> int:
         """How many jobs of ``group_id`` may run at once (its own setting, else the default, else 1)."""
-        await self.wait_until_ready()
-        own, default = await self.client.hmget(self.keys.prefix_key + "grp:conc", self._gid(group_id), "*")
-        return int(own or default or 1)
+        return int(await (await self._groups()).get_concurrency(self._gid(group_id)))
 
     async def pause_group(self, group_id: str) -> None:
         """Hold every not-yet-started job of the group; running ones finish."""
-        await self._group_op("pause", self._gid(group_id))
+        await (await self._groups()).op("pause", self._gid(group_id))
 
     async def resume_group(self, group_id: str) -> None:
         """Release the group's jobs again after `pause_group`."""
-        await self._group_op("resume", self._gid(group_id))
+        await (await self._groups()).op("resume", self._gid(group_id))
 
     async def is_group_paused(self, group_id: str) -> bool:
         """Whether `pause_group` holds ``group_id``."""
-        await self.wait_until_ready()
-        return bool(await self.client.sismember(self.keys.prefix_key + "grp:paused", self._gid(group_id)))
+        return bool(await (await self._groups()).is_paused(self._gid(group_id)))
 
     async def get_group_job_count(self, group_id: str) -> int:
         """Jobs of the group waiting for their turn."""
-        await self.wait_until_ready()
-        return int(await self.client.zcard(self.keys.prefix_key + "grp:held:" + self._gid(group_id)))
+        return int(await (await self._groups()).held_count(self._gid(group_id)))
 
     async def get_group_jobs(self, group_id: str, start: int = 0, end: int = -1) -> list[Any]:
         """Jobs of the group waiting for their turn, in the order they will run."""
-        await self.wait_until_ready()
-        members = codec.to_str(await self.client.zrange(
-            self.keys.prefix_key + "grp:held:" + self._gid(group_id), start, end))
-        ids = [held_job_id(m) for m in members]
-        jobs = [await self.get_job(job_id) for job_id in ids]  # type: ignore[attr-defined]
+        ids = await (await self._groups()).held_ids(self._gid(group_id), start, end)
+        jobs = [await self.get_job(job_id) for job_id in ids]
         return [job for job in jobs if job is not None]
 
     async def get_groups(self, status: Optional[str] = None) -> list[dict[str, Any]]:
@@ -406,36 +141,19 @@ class GroupsMixin:
         """
         if status not in (None, "waiting", "running", "active", "paused"):
             raise InvalidArgument(f"status={status!r} must be None, 'waiting', 'running' or 'paused'")
-        await self.wait_until_ready()
-        base = self.keys.prefix_key
-        gids = set(codec.to_str(await self.client.smembers(base + "grp:index")))
-        gids |= set(codec.to_str(await self.client.smembers(base + "grp:paused")))
-        ordered = sorted(gids)
-        pipe = self.client.pipeline(transaction=False)
-        for gid in ordered:
-            pipe.zcard(base + "grp:held:" + gid)
-            pipe.scard(base + "grp:run:" + gid)
-            pipe.sismember(base + "grp:paused", gid)
-            pipe.hmget(base + "grp:conc", gid, "*")
-        replies = await pipe.execute() if ordered else []
-        groups = []
-        for i, gid in enumerate(ordered):
-            held, running, paused, conc = replies[4 * i: 4 * i + 4]
-            group = {"id": gid, "waiting": int(held), "running": int(running), "paused": bool(paused),
-                     "concurrency": int(conc[0] or conc[1] or 1)}
-            if (status is None or (status == "waiting" and group["waiting"])
-                    or (status in ("running", "active") and group["running"])
-                    or (status == "paused" and group["paused"])):
-                groups.append(group)
-        return groups
+        groups: list[dict[str, Any]] = await (await self._groups()).list()
+        return [group for group in groups
+                if status is None or (status == "waiting" and group["waiting"])
+                or (status in ("running", "active") and group["running"])
+                or (status == "paused" and group["paused"])]
 
     async def delete_group_jobs(self, group_id: str) -> int:
         """Remove the group's jobs that wait for their turn (running ones are left); returns how many."""
-        return int(await self._group_op("delete", self._gid(group_id)))
+        return int(await (await self._groups()).op("delete", self._gid(group_id)))
 
     async def sweep_groups(self) -> int:
         """Release groups whose running job has finished (what the keeper does periodically)."""
-        return await GroupKeeper.for_queue(self).sweep()
+        return int(await (await self._groups()).sweep())
 
 
 def refuse_flow_parent(result: Any, gid: str) -> None:
@@ -443,4 +161,10 @@ def refuse_flow_parent(result: Any, gid: str) -> None:
         raise GroupJobRefused(f"group {gid!r}: a group job cannot be a flow child")
 
 
-__all__ = ["GroupKeeper", "GroupJobRefused", "BullMQCompatError"]
+def __getattr__(name: str) -> Any:
+    # GroupKeeper is the Redis gate's keeper; re-exported here for older imports
+    if name == "GroupKeeper":
+        from bullmq_compat._backends.redis.groups import GroupKeeper
+
+        return GroupKeeper
+    raise AttributeError(name)

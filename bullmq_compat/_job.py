@@ -17,7 +17,7 @@ from bullmq_compat._errors import (
 from bullmq_compat._job_flow import FlowJobMixin
 from bullmq_compat._wire import codec
 from bullmq_compat._wire.options import from_wire, normalize_job_options
-from bullmq_compat._backends.redis.worker_calls import attempts_of, int_or_zero
+from bullmq_compat._wire.options import attempts_of, int_or_zero
 
 if TYPE_CHECKING:
     from bullmq_compat._queue import QueueBase
@@ -155,7 +155,8 @@ class Job(FlowJobMixin):
 
     @property
     def full_key(self) -> str:
-        return self.queue.keys.job(str(self.id))
+        """``<qualified queue name>:<id>``: the key a child's ``parent_key`` names."""
+        return f"{self.queue.qualified_name}:{self.id}"
 
     @property
     def attempts(self) -> int:
@@ -204,31 +205,27 @@ class Job(FlowJobMixin):
         return await wait_until_finished(self, queue_events, timeout)
 
     # -- changing ---------------------------------------------------------------------------
-    async def _run(self, script: str, keys: list[Any], args: list[Any], *, state: str = "") -> Any:
-        result = await self.queue.runner.call(script, keys, args)
-        if isinstance(result, int) and result < 0:
-            raise script_error(result, job_id=str(self.id), command=script, state=state)
-        return result
+    @property
+    def _backend(self) -> Any:
+        return self.queue.backend
 
     async def update_data(self, data: Any) -> None:
         """Replace the job's data (JSON-serialisable)."""
         text = codec.dumps(data)
-        await self._run("updateData", [self.full_key], [text])
+        await self._backend.update_data(str(self.id), text)
         self.data = data
 
     async def update_progress(self, progress: Any) -> None:
         """Set progress (a number or a JSON-serialisable object) and emit the 'progress' event."""
         text = codec.dumps(progress, what="progress")
-        keys = self.queue.keys
-        await self._run("updateProgress", [self.full_key, keys.events, keys.meta], [self.id, text])
+        await self._backend.update_progress(str(self.id), text)
         self.progress = progress
         self.queue.emit("progress", self, progress)
 
     async def log(self, row: str) -> int:
         """Append a log line; returns the number of lines kept."""
         keep = self.opts.get("keep_logs")
-        return int(await self._run("addLog", [self.full_key, self.full_key + ":logs"],
-                                   [self.id, str(row), keep if keep else ""]))
+        return int(await self._backend.add_log(str(self.id), str(row), keep if keep else None))
 
     async def remove(self, remove_children: bool = True) -> None:
         """Remove the job (and, by default, its children), as Node's `job.remove()`."""
@@ -239,27 +236,11 @@ class Job(FlowJobMixin):
 
     async def retry(self, state: str = "failed", *, reset_attempts_made: bool = False,
                     reset_attempts_started: bool = False) -> None:
-        """Move a failed (or completed) job back to waiting."""
+        """Move a failed (or completed) job back to waiting (a group job back behind its group's gate)."""
         if state not in ("failed", "completed"):
             raise InvalidArgument(f"state={state!r}: a job can be retried from 'failed' or 'completed' only")
-        keys = self.queue.keys
-        result = 0
-        if self.group_id is not None:
-            # a group job goes back behind its group's gate (held, or waiting if its group is free)
-            from bullmq_compat._groups import update_call
-
-            flags = f"{state}:{int(reset_attempts_made)}{int(reset_attempts_started)}"
-            script, gate_keys, args = update_call(keys, "retry", str(self.id), flags)
-            result = await self.queue.runner.call(script, gate_keys, args)
-        if result == 0:  # not a job the gate held: as upstream
-            result = await self.queue.runner.call("reprocessJob", [
-                self.full_key, keys.events, keys[state], keys.wait, keys.meta, keys.active, keys.marker,
-                keys.prioritized, keys.pc,
-            ], [self.id, ("R" if self.opts.get("lifo") else "L") + "PUSH",
-                "failedReason" if state == "failed" else "returnvalue", state,
-                "1" if reset_attempts_made else "0", "1" if reset_attempts_started else "0"])
-        if result != 1:
-            raise script_error(result, job_id=str(self.id), command="reprocessJob", state=state)
+        await self._backend.reprocess_job(str(self.id), state, bool(self.opts.get("lifo")), reset_attempts_made,
+                                          reset_attempts_started, group_id=self.group_id)
         self.failed_reason = None
         self.finished_on = None
         self.processed_on = None
@@ -271,47 +252,36 @@ class Job(FlowJobMixin):
 
     async def promote(self) -> None:
         """Move a delayed job to waiting now."""
-        keys = self.queue.keys
-        await self._run("promote", [keys.delayed, keys.wait, keys.paused, keys.meta, keys.prioritized,
-                                    keys.active, keys.pc, keys.events, keys.marker],
-                        [keys.prefix_key, self.id], state="delayed")
+        await self._backend.promote(str(self.id))
         self.delay = 0
 
     async def change_delay(self, delay: int) -> None:
         """Reschedule a delayed job to run `delay` ms from now."""
         delay = normalize_job_options({"delay": delay})["delay"]
-        keys = self.queue.keys
-        await self._run("changeDelay", [keys.delayed, keys.meta, keys.marker, keys.events],
-                        [delay, str(int(time.time() * 1000)), self.id, self.full_key], state="delayed")
+        await self._backend.change_delay(str(self.id), delay, int(time.time() * 1000))
         self.delay = delay
 
     async def change_priority(self, priority: int = 0, lifo: bool = False) -> None:
         """Change the priority of a waiting or prioritized job."""
         priority = normalize_job_options({"priority": priority})["priority"]
-        keys = self.queue.keys
-        await self._run("changePriority", [keys.wait, keys.paused, keys.meta, keys.prioritized,
-                                           keys.active, keys.pc, keys.marker],
-                        [priority, keys.prefix_key, self.id, 1 if lifo else 0])
+        await self._backend.change_priority(str(self.id), priority, lifo)
         self.priority = priority
 
     async def get_logs(self, start: int = 0, end: int = -1, asc: bool = True) -> dict[str, Any]:
         return await self.queue.get_job_logs(str(self.id), start, end, asc)
 
     # -- finishing (what a worker does; also usable by hand with a token) --------------------------
-    async def _finish(self, call: Any, command: str) -> Any:
-        reply = await self.queue.finish_call(call)
-        if isinstance(reply, int) and reply < 0:
-            raise script_error(reply, job_id=str(self.id), command=command, state="active")
-        return reply
+    async def _channel(self) -> Any:
+        return await self.queue.worker_channel()
 
     async def move_to_completed(self, return_value: Any, token: str, fetch_next: bool = False) -> Any:
-        """Complete this active job (its lock ``token`` must match); returns the raw next-job reply
-        when ``fetch_next``. Raises `InvalidJobData` for a value that is not JSON."""
+        """Complete this active job (its lock ``token`` must match); returns the next job's
+        `NextJob` when ``fetch_next``. Raises `InvalidJobData` for a value that is not JSON."""
         value = codec.dumps(return_value, what="return value")
         now = int(time.time() * 1000)
-        reply = await self._finish(self.queue.worker_calls().move_to_finished(
-            str(self.id), self.opts, "completed", value, token, now, fetch_next, group_id=self.group_id),
-            "moveToFinished")
+        channel = await self._channel()
+        reply = await self.queue.finishing(lambda: channel.move_to_finished(
+            str(self.id), self.opts, "completed", value, token, now, fetch_next, group_id=self.group_id))
         self.returnvalue = return_value
         self.finished_on = now
         self.attempts_made += 1
@@ -319,7 +289,7 @@ class Job(FlowJobMixin):
 
     async def move_to_failed(self, err: BaseException, token: str, fetch_next: bool = False) -> Any:
         """Fail this attempt as Node does: retry (now, or after the backoff) while attempts remain and
-        the error is not an `UnrecoverableError`; else move to failed. Returns the raw next-job reply."""
+        the error is not an `UnrecoverableError`; else move to failed. Returns the next job's `NextJob`."""
         reason = str(err) or type(err).__name__
         self.error = err
         self.stacktrace = list(self.stacktrace or [])
@@ -342,19 +312,18 @@ class Job(FlowJobMixin):
                 reason = f"{reason} (and the backoff failed: {backoff_err})"
         fields = {"failedReason": reason, "stacktrace": codec.dumps(self.stacktrace)}
         now = int(time.time() * 1000)
-        calls = self.queue.worker_calls()
+        channel = await self._channel()
         job_id = str(self.id)
         reply: Any = None
         if should_retry and delay:
-            reply = await self._finish(calls.move_to_delayed(
-                job_id, now, delay, token, fields_to_update=fields, fetch_next=fetch_next), "moveToDelayed")
+            reply = await self.queue.finishing(lambda: channel.move_to_delayed(
+                job_id, now, delay, token, fields_to_update=fields, fetch_next=fetch_next))
             self.delay = delay
         elif should_retry:
-            await self._finish(calls.retry_job(job_id, bool(self.opts.get("lifo")), token, now, fields), "retryJob")
+            await self.queue.finishing(lambda: channel.retry_job(job_id, bool(self.opts.get("lifo")), token, now, fields))
         else:
-            reply = await self._finish(calls.move_to_finished(
-                job_id, self.opts, "failed", reason, token, now, fetch_next, fields, group_id=self.group_id),
-                "moveToFinished")
+            reply = await self.queue.finishing(lambda: channel.move_to_finished(
+                job_id, self.opts, "failed", reason, token, now, fetch_next, fields, group_id=self.group_id))
             self.finished_on = now
         self.failed_reason = reason
         self.attempts_made += 1
@@ -364,8 +333,8 @@ class Job(FlowJobMixin):
         """From a processor: postpone this job until ``timestamp`` (ms), then raise `DelayedError`."""
         now = int(time.time() * 1000)
         delay = max(int(timestamp) - now, 0)
-        await self._finish(self.queue.worker_calls().move_to_delayed(
-            str(self.id), now, delay, token, skip_attempt=True), "moveToDelayed")
+        channel = await self._channel()
+        await self.queue.finishing(lambda: channel.move_to_delayed(str(self.id), now, delay, token, skip_attempt=True))
         self.delay = delay
 
     async def move_to_waiting_children(self, token: str, child: Optional[Mapping[str, str]] = None) -> bool:
@@ -377,19 +346,19 @@ class Job(FlowJobMixin):
             # a bare queue name (queue names have no ':') is taken to be under this job's prefix
             queue = child["queue"] if ":" in child["queue"] else f"{self.queue.prefix}:{child['queue']}"
             child_key = f"{queue}:{child['id']}"
-        reply = await self._finish(self.queue.worker_calls().move_to_waiting_children(
-            str(self.id), token, int(time.time() * 1000), child_key), "moveToWaitingChildren")
-        return reply == 0
+        channel = await self._channel()
+        return bool(await self.queue.finishing(lambda: channel.move_to_waiting_children(
+            str(self.id), token, int(time.time() * 1000), child_key)))
 
     async def extend_lock(self, token: str, duration: int) -> None:
         """Keep this active job's lock for ``duration`` more ms (the worker does this on its own)."""
-        reply = await self.queue.finish_call(self.queue.worker_calls().extend_lock(str(self.id), token, duration))
-        if not reply:
+        channel = await self._channel()
+        if not await self.queue.finishing(lambda: channel.extend_lock(str(self.id), token, duration)):
             raise JobLockNotFound(f"Missing lock for job {self.id}. extendLock", job_id=str(self.id),
                                   command="extendLock")
 
     async def move_to_wait(self, token: str) -> int:
         """Put this active job back to waiting (as the worker does for `RateLimitError`); returns the
         queue's rate-limit TTL in ms."""
-        return int(await self._finish(self.queue.worker_calls().move_from_active_to_wait(str(self.id), token),
-                                      "moveJobFromActiveToWait") or 0)
+        channel = await self._channel()
+        return int(await self.queue.finishing(lambda: channel.move_job_from_active_to_wait(str(self.id), token)) or 0)

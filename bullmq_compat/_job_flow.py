@@ -9,13 +9,13 @@ A parent's children are kept by upstream in four keys beside the parent's hash:
 * ``<parent>:unsuccessful`` — a sorted set of children failed with ``fail_parent_on_failure``
   ("failed").
 
-Reads go straight to these keys, as Node BullMQ reads them; changes go through upstream's scripts.
+On PostgreSQL the same lives in the ``job_dependency`` table; the backend reads either.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Union
 
-from bullmq_compat._errors import InvalidArgument, script_error
+from bullmq_compat._errors import InvalidArgument
 from bullmq_compat._wire import codec
 
 if TYPE_CHECKING:
@@ -58,22 +58,19 @@ class FlowJobMixin:
     parent_key: Optional[str]
     parent: Optional[dict[str, Any]]
 
-    def _child_key(self, kind: str) -> str:
-        return self.queue.keys.job(f"{self.id}:{kind}")
-
     async def get_children_values(self) -> dict[str, Any]:
         """The return values of this job's completed children, by child key.
 
         >>> await parent.get_children_values()
         {'bull:steps:7': {'ok': True}}
         """
-        raw = await self.queue.client.hgetall(self._child_key("processed"))
-        return {codec.to_str(k): _json_or_text(v) for k, v in raw.items()}
+        raw = await self.queue.backend.get_processed_children_values(str(self.id))
+        return {key: _json_or_text(value) for key, value in raw.items()}
 
     async def get_ignored_children_failures(self) -> dict[str, str]:
         """Failed reasons of children that failed with ``ignore_dependency_on_failure`` or
         ``continue_parent_on_failure``, by child key."""
-        return codec.str_dict(await self.queue.client.hgetall(self._child_key("failed")))
+        return dict(await self.queue.backend.get_ignored_children_failures(str(self.id)))
 
     async def get_failed_children_values(self) -> dict[str, str]:
         """The same as `get_ignored_children_failures` (Node's deprecated name for it)."""
@@ -95,45 +92,9 @@ class FlowJobMixin:
         """
         pages = {name: _page(name, value) for name, value in (
             ("processed", processed), ("unprocessed", unprocessed), ("ignored", ignored), ("failed", failed))}
-        pipe = self.queue.client.pipeline(transaction=False)
-        if all(page is None for page in pages.values()):
-            pipe.hgetall(self._child_key("processed"))
-            pipe.smembers(self._child_key("dependencies"))
-            pipe.hgetall(self._child_key("failed"))
-            pipe.zrange(self._child_key("unsuccessful"), 0, -1)
-            done, pending, ignored_map, unsuccessful = await pipe.execute()
-            return {
-                "processed": {codec.to_str(k): _json_or_text(v) for k, v in done.items()},
-                "unprocessed": sorted(codec.to_str(list(pending))),
-                "failed": codec.to_str(list(unsuccessful)),
-                "ignored": codec.str_dict(ignored_map),
-            }
-        asked = [name for name, page in pages.items() if page is not None]
-        for name in asked:
-            cursor, count = pages[name]  # type: ignore[misc]
-            if name == "processed":
-                pipe.hscan(self._child_key("processed"), cursor, count=count)
-            elif name == "unprocessed":
-                pipe.sscan(self._child_key("dependencies"), cursor, count=count)
-            elif name == "ignored":
-                pipe.hscan(self._child_key("failed"), cursor, count=count)
-            else:
-                pipe.zrange(self._child_key("unsuccessful"), cursor, cursor + count - 1)
-        out: dict[str, Any] = {}
-        for name, reply in zip(asked, await pipe.execute()):
-            if name == "failed":
-                out["failed"] = codec.to_str(list(reply))
-                cursor, count = pages["failed"]  # type: ignore[misc]
-                out["next_failed_cursor"] = cursor + count
-                continue
-            next_cursor, entries = reply
-            if name == "processed":
-                out["processed"] = {codec.to_str(k): _json_or_text(v) for k, v in entries.items()}
-            elif name == "ignored":
-                out["ignored"] = codec.str_dict(entries)
-            else:
-                out["unprocessed"] = codec.to_str(list(entries))
-            out[f"next_{name}_cursor"] = int(next_cursor)
+        out: dict[str, Any] = await self.queue.backend.get_dependencies(str(self.id), pages)
+        if "processed" in out:
+            out["processed"] = {key: _json_or_text(value) for key, value in out["processed"].items()}
         return out
 
     async def get_dependencies_count(self, *, processed: bool = False, unprocessed: bool = False,
@@ -145,30 +106,20 @@ class FlowJobMixin:
         """
         asked = {"processed": processed, "unprocessed": unprocessed, "ignored": ignored, "failed": failed}
         types = [name for name in DEPENDENCY_TYPES if asked[name]] or list(DEPENDENCY_TYPES)
-        counts = await self.queue.runner.call("getDependencyCounts", [
-            self._child_key("processed"), self._child_key("dependencies"), self._child_key("failed"),
-            self._child_key("unsuccessful")], types)
+        counts = await self.queue.backend.get_dependency_counts(str(self.id), types)
         return {name: int(count or 0) for name, count in zip(types, counts)}
 
     async def remove_child_dependency(self) -> bool:
         """Detach this unfinished child from its parent; True when it was attached. A parent left
         with no pending children moves on to waiting. Raises `ParentJobNotFound` when the parent
         is gone, `JobNotFound` when this job is."""
-        key = self.queue.keys.job(str(self.id))
-        result = await self.queue.runner.call(
-            "removeChildDependency", [self.queue.keys.prefix_key], [key, self.parent_key or ""])
-        if result == 0:
+        if await self.queue.backend.remove_child_dependency(str(self.id), self.parent_key or ""):
             self.parent_key = None
             self.parent = None
             return True
-        if result == 1:
-            return False
-        raise script_error(int(result), job_id=str(self.id), command="removeChildDependency",
-                           parent_key=self.parent_key)
+        return False
 
     async def remove_unprocessed_children(self) -> None:
         """Remove the children (and their children) not processed yet: waiting, delayed, prioritized
         or waiting for children of their own. Completed, failed and locked (active) ones stay."""
-        keys = self.queue.keys
-        await self.queue.runner.call("removeUnprocessedChildren", [keys.job(str(self.id)), keys.meta],
-                                     [keys.prefix_key, str(self.id)])
+        await self.queue.backend.remove_unprocessed_children(str(self.id))

@@ -20,9 +20,6 @@ import math
 import weakref
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-import redis.exceptions as redis_exc
-
-from bullmq_compat._backends.redis.connection import Connection
 from bullmq_compat._errors import (
     BullMQCompatError,
     InvalidArgument,
@@ -30,9 +27,8 @@ from bullmq_compat._errors import (
     JobNotFound,
     JobWaitTimeout,
 )
-from bullmq_compat._queue import QueueBase
+from bullmq_compat._queue import Connection, QueueBase
 from bullmq_compat._wire import codec
-from bullmq_compat._backends.redis.channel import blocking_client
 
 if TYPE_CHECKING:
     from bullmq_compat._job import Job
@@ -42,9 +38,6 @@ logger = logging.getLogger("bullmq_compat.queue_events")
 QUEUE_EVENT_SUFFIX = ":qe"
 """Node's suffix for a QueueEvents connection name: ``<prefix>:<base64(queue)>:qe``."""
 
-# Errors after which the read is retried on a fresh connection (Redis restarted, network gone).
-_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
-    OSError, ConnectionError, redis_exc.ConnectionError, redis_exc.TimeoutError, asyncio.TimeoutError)
 _FIRST_RETRY_S = 0.05
 _MAX_RETRY_S = 2.0
 # Beyond the server-side BLOCK time, how long a read may take before the connection is presumed
@@ -126,8 +119,9 @@ class QueueEvents(QueueBase):
     """
 
     def __init__(self, name: str, connection: Connection = None, *, prefix: str = "bull",
-                 last_event_id: str = "$", blocking_timeout: int = 10000, autorun: bool = True) -> None:
-        super().__init__(name, connection, prefix=prefix)
+                 last_event_id: str = "$", blocking_timeout: int = 10000, autorun: bool = True,
+                 schema: Optional[str] = None, migrate: bool = False) -> None:
+        super().__init__(name, connection, prefix=prefix, schema=schema, migrate=migrate)
         if not isinstance(last_event_id, str) or not last_event_id:
             raise InvalidArgument(f"last_event_id={last_event_id!r} must be a stream id such as '$', '0' "
                                   "or '1700000000000-0'")
@@ -137,7 +131,7 @@ class QueueEvents(QueueBase):
         self.autorun = autorun
         self.closed = False
         self._position: str = last_event_id
-        self._blocking: Any = None
+        self._reader: Any = None
         self._consumer: Optional[asyncio.Task[None]] = None
         self._autorun_task: Optional[asyncio.Task[None]] = None
         self._listening = asyncio.Event()
@@ -198,29 +192,30 @@ class QueueEvents(QueueBase):
                 listening.cancel()
 
     async def _consume(self) -> None:
-        if self._blocking is None:
-            self._blocking = blocking_client(self.client, self.client_name(QUEUE_EVENT_SUFFIX))
-        key = self.keys.events
+        if self._reader is None:
+            self._reader = await self.backend.open_events_reader(self.client_name(QUEUE_EVENT_SUFFIX))
+        # errors after which the read is retried (the datastore restarted, the network is gone)
+        transient = (*self.backend.transient_errors, asyncio.TimeoutError)
         pause = _FIRST_RETRY_S
         while not self.closing:
             try:
                 if self._position == "$":
                     # Fix "$" to a concrete id before reading: with "$" itself, events added
                     # between two reads (or before the first one) would be skipped.
-                    self._position = await self._stream_end(key)
+                    self._position = await self._reader.last_id()
                 self._listening.set()
-                reply = await self._read(key, self._position)
-            except _CONNECTION_ERRORS as err:
+                entries = await self._read(self._position)
+            except transient as err:
                 if self.closing:
                     break
                 if not self._connection_down:
                     self._connection_down = True
-                    logger.warning("QueueEvents %s lost Redis (%s); reconnecting with back-off",
-                                   self.name, err or type(err).__name__)
+                    logger.warning("QueueEvents %s lost %s (%s); reconnecting with back-off",
+                                   self.name, self.backend.label, err or type(err).__name__)
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, _MAX_RETRY_S)
                 continue
-            except redis_exc.RedisError as err:  # e.g. WRONGTYPE: report, wait, try again
+            except Exception as err:  # e.g. WRONGTYPE: report, wait, try again
                 if self.closing:
                     break
                 self.emit("error", err)
@@ -231,37 +226,15 @@ class QueueEvents(QueueBase):
                 self._connection_down = False
                 logger.info("QueueEvents %s reconnected; resuming after event %s", self.name, self._position)
             pause = _FIRST_RETRY_S
-            for entry_id, fields in self._entries(reply, key):
+            for entry_id, fields in entries:
                 self._position = entry_id
                 self._dispatch(entry_id, fields)
 
-    async def _stream_end(self, key: str) -> str:
-        last = await self._blocking.xrevrange(key, "+", "-", count=1)
-        return codec.to_str(last[0][0]) if last else "0-0"
-
-    async def _read(self, key: str, position: str) -> Any:
-        read = self._blocking.xread({key: position}, block=self.blocking_timeout)
+    async def _read(self, position: str) -> list[tuple[str, dict[str, str]]]:
+        read = self._reader.read(position, self.blocking_timeout)
         if self.blocking_timeout <= 0:  # BLOCK 0 is "forever": no deadline to enforce
-            return await read
-        return await asyncio.wait_for(read, self.blocking_timeout / 1000 + _WATCHDOG_SLACK_S)
-
-    @staticmethod
-    def _entries(reply: Any, key: str) -> list[tuple[str, dict[str, Any]]]:
-        """(id, fields) pairs from an XREAD reply, RESP2 (list) or RESP3 (dict), bytes or str."""
-        if not reply:
-            return []
-        if isinstance(reply, Mapping):
-            streams = list(reply.values())
-        else:
-            streams = [stream[1] for stream in reply]
-        entries: list[tuple[str, dict[str, Any]]] = []
-        for stream in streams:
-            for entry in stream or []:
-                entry_id, fields = entry[0], entry[1]
-                if isinstance(fields, list):
-                    fields = codec.flat_to_dict(fields)
-                entries.append((codec.to_str(entry_id), codec.str_dict(fields or {})))
-        return entries
+            return list(await read)
+        return list(await asyncio.wait_for(read, self.blocking_timeout / 1000 + _WATCHDOG_SLACK_S))
 
     def _dispatch(self, entry_id: str, fields: dict[str, Any]) -> None:
         args = dict(fields)
@@ -312,9 +285,9 @@ class QueueEvents(QueueBase):
                     await task
                 except (asyncio.CancelledError, Exception):
                     pass
-        if self._blocking is not None and self._blocking is not self.client:
+        if self._reader is not None:
             try:
-                await self._blocking.aclose()
+                await self._reader.close()
             except Exception:  # already gone with the server
                 pass
         await super().close()
@@ -367,17 +340,16 @@ class QueueEventsProducer(QueueBase):
             if field != "eventName":
                 fields[str(field)] = _js_string(value)
         await self.wait_until_ready()
-        entry_id = await self.client.xadd(self.keys.events, fields, maxlen=max_events, approximate=True)
-        return codec.to_str(entry_id)
+        return await self.backend.publish_event(fields, max_events)
 
 
 async def wait_until_finished(job: "Job", queue_events: QueueEvents, timeout: Optional[int] = None) -> Any:
     """See `Job.wait_until_finished`: the job's return value, or `JobFailed` with its reason."""
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0):
         raise InvalidArgument(f"timeout={timeout!r} must be a number of ms >= 0 (or None: no limit)")
-    if not isinstance(queue_events, QueueEvents) or queue_events.keys.events != job.queue.keys.events:
+    if not isinstance(queue_events, QueueEvents) or queue_events.qualified_name != job.queue.qualified_name:
         raise InvalidArgument(f"queue_events={queue_events!r} must be a QueueEvents of the job's queue "
-                              f"({job.queue.keys.qualified_name})")
+                              f"({job.queue.qualified_name})")
     job_id = str(job.id)
     if queue_events.closed or queue_events.closing:
         raise BullMQCompatError(f"cannot wait for job {job_id}: the QueueEvents is closed")
@@ -415,17 +387,13 @@ async def wait_until_finished(job: "Job", queue_events: QueueEvents, timeout: Op
         # Once the QueueEvents is listening, a finish is either already recorded (isFinished sees
         # it) or still to come (the listeners see it): none can fall in between.
         await queue_events.wait_until_ready()
-        keys = job.queue.keys
-        reply = await job.queue.runner.call(
-            "isFinished", [keys.completed, keys.failed, keys.job(job_id)], [job_id, "1"])
-        status = int(reply[0]) if isinstance(reply, list) else int(reply)
-        result = codec.to_str(reply[1]) if isinstance(reply, list) and len(reply) > 1 else None
+        status, result = await job.queue.backend.is_finished(job_id)
         if status == 1:
             settle(_parse_json(result) if result is not None else None)
         elif status == 2:
             settle(error=JobFailed(str(result or ""), job_id=job_id))
         elif status == -1:
-            settle(error=JobNotFound(str(result or f"Missing key for job {keys.job(job_id)}. isFinished"),
+            settle(error=JobNotFound(str(result or f"Missing key for job {job.full_key}. isFinished"),
                                      job_id=job_id, command="isFinished"))
         if timeout:
             try:

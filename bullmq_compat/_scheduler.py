@@ -189,11 +189,6 @@ def _legacy_error(key: str) -> BullMQCompatError:
         f"repeatable jobs to Job Schedulers before upgrading. See {LEGACY_MIGRATION_URL}")
 
 
-def _scheduler_keys(queue: "QueueBase") -> list[str]:
-    k = queue.keys
-    return [k.repeat, k.delayed, k.wait, k.paused, k.meta, k.prioritized, k.marker, k.id, k.events, k.pc]
-
-
 def _to_int(value: Any) -> Optional[int]:
     try:
         return int(float(value))
@@ -273,29 +268,17 @@ class JobSchedulerMixin:
         ``{"key", "name", "next", "iteration_count", "every" | "pattern", "tz", "limit",
         "start_date", "end_date", "offset", "template": {"data", "opts"}}`` (keys present when set)."""
         await self.wait_until_ready()
-        reply = await self.runner.call("getJobScheduler", [self.keys.repeat], [job_scheduler_id])
-        flat, score = reply if reply else (None, None)
-        raw = codec.flat_to_dict(flat) if flat else {}
-        return _scheduler_from_hash(job_scheduler_id, raw, _to_int(codec.to_str(score)) if score else None)
+        raw, score = await self.backend.get_job_scheduler(job_scheduler_id)
+        return _scheduler_from_hash(job_scheduler_id, raw, score)
 
     async def get_job_schedulers(self: Any, start: int = 0, end: int = -1, asc: bool = False
                                  ) -> list[dict[str, Any]]:
         """Schedulers by next run time (latest first unless ``asc``); like Node, an entry whose hash
         is gone is removed."""
         await self.wait_until_ready()
-        key = self.keys.repeat
-        if asc:
-            entries = await self.client.zrange(key, start, end, withscores=True)
-        else:
-            entries = await self.client.zrevrange(key, start, end, withscores=True)
-        pipe = self.client.pipeline(transaction=False)
-        for member, _ in entries:
-            pipe.hgetall(f"{key}:{codec.to_str(member)}")
-        hashes = await pipe.execute() if entries else []
         out: list[dict[str, Any]] = []
-        for (member, score), raw in zip(entries, hashes):
-            scheduler_id = codec.to_str(member)
-            found = _scheduler_from_hash(scheduler_id, codec.str_dict(raw or {}), int(score))
+        for scheduler_id, raw, score in await self.backend.get_job_schedulers(start, end, asc):
+            found = _scheduler_from_hash(scheduler_id, raw, score)
             if found is None:
                 await self.remove_job_scheduler(scheduler_id)
             else:
@@ -305,15 +288,12 @@ class JobSchedulerMixin:
     async def get_job_schedulers_count(self: Any) -> int:
         """How many job schedulers the queue has."""
         await self.wait_until_ready()
-        return int(await self.client.zcard(self.keys.repeat))
+        return await self.backend.get_job_schedulers_count()
 
     async def remove_job_scheduler(self: Any, job_scheduler_id: str) -> bool:
         """Remove the scheduler and its next (delayed) job; True when there was one."""
         await self.wait_until_ready()
-        k = self.keys
-        result = await self.runner.call("removeJobScheduler", [k.repeat, k.delayed, k.events],
-                                        [job_scheduler_id, k.prefix_key])
-        return not int(result)
+        return await self.backend.remove_job_scheduler(job_scheduler_id)
 
 
 async def _upsert(queue: "QueueBase", scheduler_id: str, repeat: dict[str, Any], name: str, data: Any,
@@ -376,7 +356,7 @@ async def _upsert_untraced(queue: "QueueBase", scheduler_id: str, repeat: dict[s
     if trace_metadata is not None and not wire.get("tm") and not wire.get("omc"):
         wire["tm"] = trace_metadata
     wire = {k: v for k, v in wire.items() if v is not None}
-    k = queue.keys
+    backend = queue.backend
     if override:
         if next_millis is not None and next_millis < now:
             next_millis = now
@@ -384,35 +364,24 @@ async def _upsert_untraced(queue: "QueueBase", scheduler_id: str, repeat: dict[s
             "name": name, "startDate": repeat.get("startDate"), "endDate": end_date, "tz": repeat.get("tz"),
             "pattern": pattern, "every": every, "limit": limit, "offset": new_offset,
         }
-        result = await queue.runner.call("addJobScheduler", [*_scheduler_keys(queue), k.active], [
-            next_millis, codec.pack({key: v for key, v in scheduler_opts.items() if v is not None}),
-            scheduler_id, data_json, codec.pack(to_wire(opts)), codec.pack(wire), _now_ms(), k.prefix_key,
-            k.job(producer_id) if producer_id else ""])
-        if isinstance(result, int):
-            raise script_error(result, command="addJobScheduler")
-        job_id, delay = codec.to_str(result[0]), int(result[1])
+        job_id, delay = await backend.add_job_scheduler(
+            scheduler_id, next_millis, {key: v for key, v in scheduler_opts.items() if v is not None},
+            data_json, to_wire(opts), wire, _now_ms(), producer_id)
         wire["delay"] = delay
         wire["jobId"] = job_id
         job = Job(queue, name, data, from_wire(wire), job_id)
         job.delay = delay
     else:
         assert producer_id is not None
-        result = await queue.runner.call("updateJobScheduler", [
-            *_scheduler_keys(queue), k.job(producer_id), k.active], [
-            next_millis, scheduler_id, data_json, codec.pack(wire), _now_ms(), k.prefix_key, producer_id])
-        if not result:
+        next_id = await backend.update_job_scheduler(scheduler_id, next_millis, data_json, wire, _now_ms(),
+                                                     producer_id)
+        if next_id is None:
             return None
-        if isinstance(result, int):
-            raise script_error(result, command="updateJobScheduler")
-        job_id = codec.to_str(result)
+        job_id = next_id
         job = Job(queue, name, data, from_wire(wire), job_id)
     job.timestamp = stamp
     job.repeat_job_key = scheduler_id
     return job
-
-
-async def _is_job_scheduler(queue: "QueueBase", key: str) -> bool:
-    return bool(await queue.client.hexists(f"{queue.keys.repeat}:{key}", "ic"))
 
 
 async def advance_job_scheduler(queue: "QueueBase", job: Job) -> Optional[Job]:
@@ -422,7 +391,7 @@ async def advance_job_scheduler(queue: "QueueBase", job: Job) -> Optional[Job]:
     key = job.repeat_job_key
     if not key:
         return None
-    if is_legacy_repeat_key(key) and not await _is_job_scheduler(queue, key):
+    if is_legacy_repeat_key(key) and not await queue.backend.is_job_scheduler(key):
         raise _legacy_error(key)
     wire = _wire_from_python(job.opts)
     # Node's Job constructor: attempts default 0, a number backoff becomes a fixed one
@@ -445,13 +414,11 @@ async def advance_for_worker(worker: Any, job: Job) -> None:
     """The Worker's hook for a taken job with a repeatJobKey: make the scheduler's next job, riding
     out connection trouble as Node's retryIfFailed does; any other failure is emitted as an
     'error' (the job itself is still processed)."""
-    from bullmq_compat._worker import CONNECTION_ERRORS
-
     while True:
         try:
             await advance_job_scheduler(worker, job)
             return
-        except CONNECTION_ERRORS as err:
+        except worker.backend.transient_errors as err:
             if worker.closing:
                 worker.emit("error", BullMQCompatError(
                     f"Failed to add repeatable job for next iteration: {err}"))

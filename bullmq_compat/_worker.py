@@ -20,12 +20,9 @@ import logging
 import signal
 import time
 import uuid
-from typing import Any, Callable, Mapping, Optional, Union
-
-import redis.exceptions as redis_exc
+from typing import Any, Awaitable, Callable, Mapping, Optional, Union
 
 from bullmq_compat._backoff import BackoffStrategy
-from bullmq_compat._backends.redis.connection import Connection
 from bullmq_compat._errors import (
     DelayedError,
     InvalidArgument,
@@ -36,36 +33,19 @@ from bullmq_compat._errors import (
     UnrecoverableError,
     WaitingChildrenError,
 )
-from bullmq_compat._groups import GroupKeeper
 from bullmq_compat._job import Job
 from bullmq_compat import _telemetry as telemetry_attrs
 from bullmq_compat._telemetry import resolve as resolve_telemetry
 from opentelemetry.trace import SpanKind, Status, StatusCode
-from bullmq_compat._queue import QueueBase
+from bullmq_compat._queue import Connection, QueueBase
+from bullmq_compat._backends.base import NextJob, WorkerChannel, WorkerSettings
 from bullmq_compat._scheduler import advance_for_worker
 from bullmq_compat._wire import codec
-from bullmq_compat._backends.redis.channel import Channel, open_channel
 from bullmq_compat._wire.options import normalize_job_options
-from bullmq_compat._backends.redis.worker_calls import WorkerCalls, WorkerWireOptions, parse_next_job
 
 logger = logging.getLogger("bullmq_compat.worker")
 
 Processor = Union[Callable[..., Any], str]
-
-CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
-    OSError, ConnectionError, redis_exc.ConnectionError, redis_exc.TimeoutError, asyncio.TimeoutError)
-# Replies of a server that takes no writes for now (a failover, a resync, a cluster change): the
-# command did not run (a script stops at its first write), so it is safely sent again.
-# (redis-py strips the codes it knows from the message and raises its own classes for them)
-TRANSIENT_REPLIES = frozenset({"READONLY", "NOREPLICAS", "MASTERDOWN", "LOADING", "TRYAGAIN", "CLUSTERDOWN"})
-_TRANSIENT_ERRORS = (*CONNECTION_ERRORS, redis_exc.ReadOnlyError, redis_exc.TryAgainError,
-                     redis_exc.ClusterDownError, redis_exc.BusyLoadingError)
-
-
-def _transient(err: BaseException) -> bool:
-    """Connection trouble, or a reply of a server that cannot take writes for now."""
-    return isinstance(err, _TRANSIENT_ERRORS) or (
-        isinstance(err, redis_exc.ResponseError) and str(err).split(" ", 1)[0] in TRANSIENT_REPLIES)
 
 
 RATE_LIMIT_MESSAGE = "bullmq:rateLimitExceeded"
@@ -123,7 +103,8 @@ class Worker(QueueBase):
     """
 
     def __init__(self, queue_name: str, processor: Optional[Processor] = None, connection: Connection = None, *,
-                 name: Optional[str] = None, prefix: str = "bull", concurrency: int = 1,
+                 name: Optional[str] = None, prefix: str = "bull", schema: Optional[str] = None,
+                 migrate: bool = False, concurrency: int = 1,
                  lock_duration: int = 30000, lock_renew_time: Optional[int] = None,
                  stalled_interval: int = 30000, max_stalled_count: int = 1,
                  limiter: Optional[Mapping[str, Any]] = None, remove_on_complete: Any = None,
@@ -134,7 +115,7 @@ class Worker(QueueBase):
                  process_pool_size: Optional[int] = None, shutdown_timeout: float = 30.0,
                  fast_path: bool = True, group_keeper: Union[bool, str] = True, group_sweep_interval: float = 1.0,
                  telemetry: Any = None) -> None:
-        super().__init__(queue_name, connection, prefix=prefix)
+        super().__init__(queue_name, connection, prefix=prefix, schema=schema, migrate=migrate)
         self.id = str(uuid.uuid4())
         self.worker_name = name
         self.concurrency = _positive_int("concurrency", concurrency)
@@ -171,9 +152,10 @@ class Worker(QueueBase):
         # the events stream (releases within milliseconds, at some CPU per job); False: none
         if group_keeper not in (True, False, "stream", "sweep"):
             raise InvalidArgument(f"group_keeper={group_keeper!r} must be True, False, 'sweep' or 'stream'")
-        self._keeper: Optional[GroupKeeper] = (
-            GroupKeeper.for_queue(self, sweep_interval=group_sweep_interval, follow_stream=group_keeper == "stream")
-            if group_keeper else None)
+        make_keeper = getattr(self.backend, "group_keeper", None)  # the Redis gate's (groups are Redis-only)
+        self._keeper: Any = (
+            make_keeper(sweep_interval=group_sweep_interval, follow_stream=group_keeper == "stream")
+            if group_keeper and make_keeper is not None else None)
         self.use_processes = use_processes
         self._process_pool_size = process_pool_size or self.concurrency
         self._processor_path: Optional[str] = None
@@ -188,14 +170,12 @@ class Worker(QueueBase):
                 raise InvalidArgument("use_processes=True needs processor='pkg.module:function' (a path the "
                                       "child processes can import), not a function object")
             self.processor = processor
-        self._wire_opts = WorkerWireOptions(
+        self._settings = WorkerSettings(
             name=name, lock_duration=self.lock_duration, limiter=self.limiter,
             remove_on_complete=self.remove_on_complete, remove_on_fail=self.remove_on_fail,
             max_metrics_size=max_points, max_stalled_count=self.max_stalled_count,
             stalled_interval=self.stalled_interval)
-        self._calls = WorkerCalls(self.keys, self._wire_opts)
-        self._worker_calls = self._calls
-        self._channel: Optional[Channel] = None
+        self._channel: Optional[WorkerChannel] = None
         self._channel_lock = asyncio.Lock()
         self._token_seq = 0
         self._active: dict[str, list[Any]] = {}
@@ -230,14 +210,21 @@ class Worker(QueueBase):
                 "duration": _positive_int("limiter.duration", limiter.get("duration"))}
 
     # -- life cycle -----------------------------------------------------------------------------
-    async def _ensure_channel(self) -> Channel:
+    def _transient(self, err: BaseException) -> bool:
+        return self.backend.is_transient(err)
+
+    async def _ensure_channel(self) -> WorkerChannel:
         if self._channel is None:
             async with self._channel_lock:
                 if self._channel is None:
                     await self.wait_until_ready()
                     suffix = f":w:{self.worker_name}" if self.worker_name else ""
-                    self._channel = await open_channel(self.client, self.client_name(suffix), fast=self.fast_path)
+                    self._channel = await self.backend.open_worker_channel(
+                        self._settings, self.client_name(suffix), fast=self.fast_path)
         return self._channel
+
+    async def worker_channel(self) -> WorkerChannel:
+        return await self._ensure_channel()
 
     @property
     def running(self) -> bool:
@@ -262,7 +249,7 @@ class Worker(QueueBase):
             try:
                 await self._ensure_channel()
                 break
-            except (RedisUnavailable, *CONNECTION_ERRORS) as err:
+            except (RedisUnavailable, *self.backend.transient_errors) as err:
                 if self.closing:
                     self._running = False
                     return
@@ -364,7 +351,7 @@ class Worker(QueueBase):
         await self.wait_until_ready()
         # Node stores Number.MAX_SAFE_INTEGER: above any limiter max, so every worker (and the
         # queue's global rate limit) sees the queue as limited until the key expires
-        await self.client.set(self.keys.limiter, str(2**53 - 1), px=_positive_int("expire_time_ms", expire_time_ms))
+        await self.backend.set_rate_limit(_positive_int("expire_time_ms", expire_time_ms))
 
     # -- fetching -----------------------------------------------------------------------------------
     def _next_token(self) -> str:
@@ -401,15 +388,16 @@ class Worker(QueueBase):
 
     async def _poke_marker(self, delay_until: int) -> None:
         try:
-            await self.client.zadd(self.keys.marker, {"1": delay_until})
+            if self._channel is not None:
+                await self._channel.wake_at(delay_until)
         except Exception:  # the waiter's own timeout still comes
             pass
         finally:
             if self._poking == delay_until:
                 self._poking = 0
 
-    def _job_from_reply(self, reply: Any, token: str) -> Optional[Job]:
-        raw, job_id, limit_delay, delay_until = parse_next_job(reply)
+    def _job_from_reply(self, reply: Optional[NextJob], token: str) -> Optional[Job]:
+        raw, job_id, limit_delay, delay_until = reply or (None, None, 0, 0)
         self._update_delays(limit_delay, delay_until)
         if raw is None or job_id is None:
             if not self._drained:
@@ -431,7 +419,7 @@ class Worker(QueueBase):
     def _connection_trouble(self, err: BaseException) -> float:
         if not self._connection_down:
             self._connection_down = True
-            logger.warning("worker %s lost Redis (%s); retrying with back-off", self.name, err)
+            logger.warning("worker %s lost %s (%s); retrying with back-off", self.name, self.backend.label, err)
             self.emit("error", err)
         pause = self._retry_pause
         self._retry_pause = min(self._retry_pause * 2, 5.0)
@@ -440,7 +428,7 @@ class Worker(QueueBase):
     def _connection_ok(self) -> None:
         if self._connection_down:
             self._connection_down = False
-            logger.info("worker %s reconnected to Redis", self.name)
+            logger.info("worker %s reconnected to %s", self.name, self.backend.label)
         self._retry_pause = 0.1
 
     async def _sleep(self, seconds: float) -> None:
@@ -464,9 +452,9 @@ class Worker(QueueBase):
             return None
         token = self._next_token()
         try:
-            reply = await self._channel.call(self._calls.move_to_active(token, _now_ms()))  # type: ignore[union-attr]
+            reply = await self._channel.move_to_active(token, _now_ms())  # type: ignore[union-attr]
         except Exception as err:
-            if not _transient(err):
+            if not self._transient(err):
                 raise
             await self._sleep(self._connection_trouble(err))
             return None
@@ -486,7 +474,7 @@ class Worker(QueueBase):
             if timeout > 0:
                 self._waiting_until = _now_ms() + int(timeout * 1000)
                 try:
-                    marker = await channel.wait_marker(self.keys.marker, timeout)
+                    marker = await channel.wait_for_job(timeout)
                 except Exception as err:  # e.g. NOREPLICAS in a failover: never let the waiter die
                     if self.closing:
                         return
@@ -608,16 +596,15 @@ class Worker(QueueBase):
         self._active.pop(str(job.id), None)
         return await self._handle_completed(job, result, token)
 
-    async def finish_call(self, call: Any) -> Any:
-        """A finishing call: retried through connection trouble, so a finished job is not left active."""
-        channel = await self._ensure_channel()
+    async def finishing(self, send: Callable[[], Awaitable[Any]]) -> Any:
+        """A finishing call: sent again through connection trouble, so a finished job is not left active."""
         while True:
             try:
-                reply = await channel.call(call)
+                reply = await send()
                 self._connection_ok()
                 return reply
             except Exception as err:
-                if self._closed.is_set() or not _transient(err):
+                if self._closed.is_set() or not self._transient(err):
                     raise
                 await asyncio.sleep(self._connection_trouble(err))
 
@@ -669,26 +656,25 @@ class Worker(QueueBase):
                 if entry is not None:
                     entry[1] = now
             try:
-                failed = await self._channel.call(self._calls.extend_locks(  # type: ignore[union-attr]
-                    [j for j, _ in due], [t for _, t in due], self.lock_duration))
-            except CONNECTION_ERRORS as err:
+                failed = await self._channel.extend_locks(  # type: ignore[union-attr]
+                    [j for j, _ in due], [t for _, t in due], self.lock_duration)
+            except self.backend.transient_errors as err:
                 self._connection_trouble(err)
                 continue
             except Exception as err:
                 self.emit("error", err)
                 continue
-            for job_id in codec.to_str(failed) or []:
+            for job_id in failed:
                 self.emit("error", RuntimeError(f"could not renew lock for job {job_id}"))
                 self.emit("lockRenewalFailed", [job_id])
 
     async def _stalled_checker(self) -> None:
         while not self.closing:
             try:
-                stalled = await self._channel.call(  # type: ignore[union-attr]
-                    self._calls.move_stalled_to_wait(_now_ms()))
-                for job_id in codec.to_str(stalled) or []:
+                stalled = await self._channel.move_stalled_jobs_to_wait(_now_ms())  # type: ignore[union-attr]
+                for job_id in stalled:
                     self.emit("stalled", job_id, "active")
-            except CONNECTION_ERRORS as err:
+            except self.backend.transient_errors as err:
                 self._connection_trouble(err)
             except Exception as err:
                 self.emit("error", err)
@@ -699,11 +685,10 @@ class Worker(QueueBase):
         """Take the next job yourself (no processor): finish it with ``job.move_to_completed(v, token)``
         or ``job.move_to_failed(err, token)``; renew with ``job.extend_lock(token, ms)``."""
         channel = await self._ensure_channel()
-        reply = await channel.call(self._calls.move_to_active(token, _now_ms()))
-        job = self._job_from_reply(reply, token)
+        job = self._job_from_reply(await channel.move_to_active(token, _now_ms()), token)
         if job is None and block and not self.closing:
-            await channel.wait_marker(self.keys.marker, self._block_timeout() or MIN_BLOCK_SECONDS)
-            job = self._job_from_reply(await channel.call(self._calls.move_to_active(token, _now_ms())), token)
+            await channel.wait_for_job(self._block_timeout() or MIN_BLOCK_SECONDS)
+            job = self._job_from_reply(await channel.move_to_active(token, _now_ms()), token)
         if job is not None and job.repeat_job_key is not None:
             await advance_for_worker(self, job)
         return job
@@ -711,7 +696,7 @@ class Worker(QueueBase):
     async def start_stalled_check(self) -> list[str]:
         """Run the stalled-jobs check once now; returns the ids moved back to waiting."""
         channel = await self._ensure_channel()
-        stalled = codec.to_str(await channel.call(self._calls.move_stalled_to_wait(_now_ms()))) or []
+        stalled = await channel.move_stalled_jobs_to_wait(_now_ms())
         for job_id in stalled:
             self.emit("stalled", job_id, "active")
         return list(stalled)

@@ -151,7 +151,7 @@ async def test_worker_retries_with_backoff(client: RedisCluster, name: str) -> N
                                       backoff={"type": "fixed", "delay": 200})
             await wait_until(lambda: len(rec.completed) == 21, 20, "21 completed jobs")
         assert not rec.errors, rec.errors
-        assert isinstance(worker._channel, RedisPyChannel)
+        assert isinstance(worker._channel.channel, RedisPyChannel)  # type: ignore[union-attr]
         runs = attempts[retried.id]
         assert len(runs) == 3 and all(b - a >= 0.19 for a, b in zip(runs, runs[1:]))
         job = await queue.get_job(retried.id)
@@ -302,7 +302,7 @@ async def test_idle_worker_outlasting_the_socket_timeout(cluster: LocalCluster, 
                 await queue.add("second", {"i": 2})
                 await wait_until(lambda: len(rec.completed) == 2, 5, "the second job")
                 assert time.monotonic() - t0 < 1.0
-                blocking = worker._channel._blocking  # type: ignore[union-attr]
+                blocking = worker._channel.channel._blocking  # type: ignore[union-attr]
                 assert blocking is not client and blocking.connection_kwargs["socket_timeout"] is None
             assert not rec.errors, rec.errors
     finally:

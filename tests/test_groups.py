@@ -65,8 +65,9 @@ async def group_keys_left(redis: aioredis.Redis, queue_name: str) -> set[str]:
 async def finish_as_node(queue: Queue, worker: Worker, job: Any, token: str, target: str = "completed",
                          value: str = "null") -> None:
     """Finish ``job`` as a Node worker does: upstream's moveToFinished alone, so nothing is released."""
-    await queue.finish_call(worker.worker_calls().move_to_finished(
-        job.id, job.opts, target, value, token, now_ms(), False))
+    script, keys, args = worker.backend.worker_calls(worker._settings).move_to_finished(
+        job.id, job.opts, target, value, token, now_ms(), False)
+    await queue.backend.runner.call(script, keys, args)
 
 
 async def leave_a_stale_slot(queue: Queue, worker: Worker, gid: str) -> Any:

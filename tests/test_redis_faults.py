@@ -26,7 +26,7 @@ import redis.asyncio as aioredis
 
 from bullmq_compat import Queue, QueueEvents, Worker
 from bullmq_compat._errors import JobLockMismatch, JobLockNotFound
-from bullmq_compat._worker import CONNECTION_ERRORS
+from bullmq_compat._backends.redis.backend import CONNECTION_ERRORS
 from tests.chaos_helpers import (
     CHAOS, KillableRedis, Plan, add_plan, check_runs, final_states, finish_events, now_ms, plan_jobs,
     poll_until, read_list, report,

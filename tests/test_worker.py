@@ -142,7 +142,7 @@ async def test_processor_given_as_module_path(redis_url: str, queue_name: str, q
 
 
 async def test_fetch_next_keeps_move_to_active_calls_few(redis_url: str, queue_name: str,
-                                                         queue: Queue) -> None:
+                                                         queue: Queue, monkeypatch: Any) -> None:
     total = 200
     await queue.add_bulk([{"name": "n", "data": {"i": i}} for i in range(total)])
     processed: list[int] = []
@@ -151,16 +151,18 @@ async def test_fetch_next_keeps_move_to_active_calls_few(redis_url: str, queue_n
         processed.append(job.data["i"])
         return job.data["i"]
 
+    from bullmq_compat._backends.redis.worker_calls import WorkerCalls
+
     worker = make_worker(redis_url, queue_name, process, concurrency=1, drain_delay=5)
     calls = 0
-    original = worker._calls.move_to_active
+    original = WorkerCalls.move_to_active
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         nonlocal calls
         calls += 1
         return original(*args, **kwargs)
 
-    worker._calls.move_to_active = counting  # type: ignore[method-assign]
+    monkeypatch.setattr(WorkerCalls, "move_to_active", counting)
     events = Events(worker, "completed")
     async with worker:
         await events.wait("completed", total, timeout=30)

@@ -1,0 +1,35 @@
+"""Datastores behind one contract (`base.QueueBackend`): Redis and PostgreSQL.
+
+`open_backend` is the one place that decides which backend a ``connection=`` means.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from bullmq_compat._backends.base import QueueBackend
+
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
+def is_postgres(connection: Any) -> bool:
+    """A ``postgresql://``/``postgres://`` URL, or a psycopg_pool pool."""
+    if isinstance(connection, str):
+        return connection.startswith(POSTGRES_SCHEMES)
+    return type(connection).__module__.startswith("psycopg_pool")
+
+
+def open_backend(name: str, connection: Any, *, prefix: str = "bull", schema: Optional[str] = None,
+                 migrate: bool = False) -> QueueBackend:
+    """The backend for queue ``name`` on ``connection`` (Redis unless it names PostgreSQL)."""
+    if is_postgres(connection):
+        from bullmq_compat._backends.postgres import open_postgres_backend
+
+        return open_postgres_backend(name, connection, schema=schema, migrate=migrate)
+    if schema is not None or migrate:
+        from bullmq_compat._errors import InvalidArgument
+
+        raise InvalidArgument(f"schema={schema!r} / migrate={migrate!r} are PostgreSQL options: "
+                              "pass a postgresql:// connection to use them")
+    from bullmq_compat._backends.redis.backend import RedisBackend
+
+    return RedisBackend(name, connection, prefix=prefix)

@@ -69,7 +69,7 @@ class WorkerChannel(abc.ABC):
         """Claim the next job for ``token`` (promoting due delayed jobs, honouring pause, limits)."""
 
     @abc.abstractmethod
-    async def move_to_finished(self, job_id: str, job_opts: Mapping[str, Any], target: str, value: str,
+    async def move_to_finished(self, job_id: str, job_opts: Mapping[str, Any], target: str, value: str,  # (Job.opts)
                                token: str, now: int, fetch_next: bool,
                                fields_to_update: Optional[Mapping[str, str]] = None,
                                group_id: Optional[str] = None) -> Optional[NextJob]:
@@ -140,6 +140,8 @@ class QueueBackend(abc.ABC):
 
     #: "redis" or "postgres": named in `NotSupportedOnBackend` and in docs
     kind: str = ""
+    #: the datastore's name in messages ("Redis", "PostgreSQL")
+    label: str = ""
     #: exception classes that mean the datastore could not be reached (retried with back-off)
     transient_errors: tuple[type[BaseException], ...] = ()
 
@@ -152,6 +154,10 @@ class QueueBackend(abc.ABC):
     def description(self) -> str:
         """Where this backend connects, for messages (never with a password)."""
 
+    def is_transient(self, err: BaseException) -> bool:
+        """Whether ``err`` is trouble that passes (connection lost, server busy): sent again."""
+        return isinstance(err, self.transient_errors)
+
     # -- life cycle ------------------------------------------------------------------------
     @abc.abstractmethod
     async def connect(self) -> None:
@@ -162,7 +168,7 @@ class QueueBackend(abc.ABC):
         """Close what this backend opened (a client passed in by the user stays open)."""
 
     @abc.abstractmethod
-    def for_queue(self, name: str) -> "QueueBackend":
+    def for_queue(self, name: str, prefix: Optional[str] = None) -> "QueueBackend":
         """A backend for another queue on the same connection (flows across queues)."""
 
     # -- adding ------------------------------------------------------------------------------
@@ -172,8 +178,16 @@ class QueueBackend(abc.ABC):
         refused it (the others are still added, as Node's addBulk)."""
 
     @abc.abstractmethod
-    async def add_flow(self, nodes: Sequence[tuple[NewJob, Optional[dict[str, Any]]]]) -> list[str]:
-        """Add a flow's nodes (children before parents, each with its parent link) atomically."""
+    def prepare_flow_node(self, job: NewJob, *, parent_key: Optional[str], parent_link: Optional[dict[str, Any]],
+                          has_children: bool) -> Any:
+        """Validate and encode one flow node (``job.job_id`` set; ``parent_link`` is upstream's
+        ``{"id", "queueKey", "fpof"...}``); nothing is sent. Has ``name``, ``data``, ``opts``,
+        ``timestamp`` like `NewJob`."""
+
+    @abc.abstractmethod
+    async def add_flow(self, nodes: Sequence[Any]) -> list[Any]:
+        """Add prepared flow nodes (parents before children, as `FlowProducer` orders them) in one
+        transaction, then release parents left without pending children; per node its id or code."""
 
     # -- reading -----------------------------------------------------------------------------
     @abc.abstractmethod
@@ -181,6 +195,11 @@ class QueueBackend(abc.ABC):
 
     @abc.abstractmethod
     async def get_state(self, job_id: str) -> str: ...
+
+    @abc.abstractmethod
+    async def is_finished(self, job_id: str) -> tuple[int, Optional[str]]:
+        """(1, return value JSON) when completed, (2, failed reason) when failed, (0, None) when not
+        finished, (-1, None) when there is no such job."""
 
     @abc.abstractmethod
     async def get_counts(self, states: Sequence[str]) -> list[int]:
@@ -270,6 +289,10 @@ class QueueBackend(abc.ABC):
     async def promote_jobs(self, count: int) -> None: ...
 
     @abc.abstractmethod
+    async def set_rate_limit(self, expire_ms: int) -> None:
+        """Rate-limit the whole queue for ``expire_ms`` (Worker.rate_limit)."""
+
+    @abc.abstractmethod
     async def remove_deduplication_key(self, deduplication_id: str) -> int: ...
 
     @abc.abstractmethod
@@ -287,6 +310,12 @@ class QueueBackend(abc.ABC):
     async def get_ignored_children_failures(self, job_id: str) -> dict[str, str]: ...
 
     @abc.abstractmethod
+    async def get_dependencies(self, job_id: str, pages: Mapping[str, Optional[tuple[int, int]]]) -> dict[str, Any]:
+        """A parent's children by state: with every page None, all of them (``processed`` and
+        ``ignored`` as {child key: text}, ``unprocessed`` and ``failed`` as [child key]); else one
+        page ``(cursor, count)`` of each state asked, and ``next_<state>_cursor`` for each."""
+
+    @abc.abstractmethod
     async def get_dependency_counts(self, job_id: str, types: Sequence[str]) -> list[int]: ...
 
     @abc.abstractmethod
@@ -294,6 +323,36 @@ class QueueBackend(abc.ABC):
 
     @abc.abstractmethod
     async def remove_unprocessed_children(self, job_id: str) -> None: ...
+
+    # -- job schedulers (option dicts in upstream's stored form: short keys) --------------------
+    @abc.abstractmethod
+    async def add_job_scheduler(self, scheduler_id: str, next_millis: Optional[int], scheduler_opts: Mapping[str, Any],
+                                template_data_json: str, template_opts: Mapping[str, Any],
+                                delayed_job_opts: Mapping[str, Any], now: int,
+                                producer_id: Optional[str]) -> tuple[str, int]:
+        """Create or replace a scheduler and its next job; returns (that job's id, its delay)."""
+
+    @abc.abstractmethod
+    async def update_job_scheduler(self, scheduler_id: str, next_millis: Optional[int], template_data_json: str,
+                                   delayed_job_opts: Mapping[str, Any], now: int, producer_id: str) -> Optional[str]:
+        """Make the iteration after ``producer_id``'s (once, whoever asks); its id, or None."""
+
+    @abc.abstractmethod
+    async def remove_job_scheduler(self, scheduler_id: str) -> bool: ...
+
+    @abc.abstractmethod
+    async def get_job_scheduler(self, scheduler_id: str) -> tuple[dict[str, str], Optional[int]]:
+        """(the scheduler's fields as upstream's Redis hash holds them, its next run ms)."""
+
+    @abc.abstractmethod
+    async def get_job_schedulers(self, start: int, end: int, asc: bool
+                                 ) -> list[tuple[str, dict[str, str], Optional[int]]]: ...
+
+    @abc.abstractmethod
+    async def get_job_schedulers_count(self) -> int: ...
+
+    @abc.abstractmethod
+    async def is_job_scheduler(self, scheduler_id: str) -> bool: ...
 
     # -- workers and events ------------------------------------------------------------------
     @abc.abstractmethod

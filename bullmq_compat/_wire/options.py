@@ -282,3 +282,17 @@ def from_wire(stored: Mapping[str, Any]) -> dict[str, Any]:
 def to_node_form(python_opts: Mapping[str, Any]) -> dict[str, Any]:
     """Python-named options (as `Job.opts` holds them) → Node form, for re-use (retries, flows)."""
     return normalize_job_options(python_opts)
+
+
+def int_or_zero(value: Any) -> int:
+    """A stored number as an int; 0 for what a foreign or corrupt hash may hold instead (a string,
+    NaN, or 1e400, which reads back as infinity)."""
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError, OverflowError):
+        return 0
+
+
+def attempts_of(opts: Mapping[str, Any]) -> int:
+    """opts.attempts as an int; a foreign job's unreadable value counts as 0 (no retries)."""
+    return int_or_zero(opts.get("attempts"))

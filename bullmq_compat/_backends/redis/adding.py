@@ -26,6 +26,9 @@ class PreparedAdd:
     script: Script
     keys: list[str]
     args: list[Any]
+    # a flow node's parent (its key and upstream's parent link), for the release after the adds
+    parent_key: Optional[str] = None
+    parent_link: Optional[dict[str, Any]] = None
 
 
 def check_job_name(name: Any) -> str:
@@ -56,13 +59,7 @@ def prepare_add(keys: QueueKeys, name: str, data: Any, opts: Mapping[str, Any], 
     opts = dict(opts)
     order_ms = opts.pop("order_ms", None)
     order_ms = opts.pop("orderMs", order_ms)
-    group = opts.get("group")
-    if group is not None:
-        from bullmq_compat._groups import check_group_combination
-
-        check_group_combination(opts)
-    elif order_ms is not None:
-        raise InvalidJobOptions(f"option order_ms={order_ms!r} orders jobs within a group: pass group= too")
+    group = opts.get("group")  # checked with its options by the caller (check_group_combination)
     wire_opts = to_wire(opts)
     dedup = opts.get("deduplication")
     args = [
@@ -81,7 +78,7 @@ def prepare_add(keys: QueueKeys, name: str, data: Any, opts: Mapping[str, Any], 
     delay = opts.get("delay")
     extra_args: list[Any] = []
     if group is not None:
-        from bullmq_compat._groups import add_script, gate_keys
+        from bullmq_compat._backends.redis.groups import add_script, gate_keys
 
         script = add_script()
         script_keys = [*gate_keys(keys), keys.id]

@@ -9,24 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 from bullmq_compat._wire import codec
+from bullmq_compat._wire.options import attempts_of, int_or_zero  # noqa: F401 (re-exported)
 from bullmq_compat._backends.redis.keys import QueueKeys
 from bullmq_compat._backends.redis.lua import Script, own_script, upstream_scripts
 
 Call = tuple[Script, list[Any], list[Any]]
-
-
-def int_or_zero(value: Any) -> int:
-    """A stored number as an int; 0 for what a foreign or corrupt hash may hold instead (a string,
-    NaN, or 1e400, which reads back as infinity)."""
-    try:
-        return int(value or 0)
-    except (TypeError, ValueError, OverflowError):
-        return 0
-
-
-def attempts_of(opts: Mapping[str, Any]) -> int:
-    """opts.attempts as an int; a foreign job's unreadable value counts as 0 (no retries)."""
-    return int_or_zero(opts.get("attempts"))
 
 
 @dataclass

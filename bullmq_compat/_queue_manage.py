@@ -1,0 +1,150 @@
+"""Queue management: pause, drain, clean, obliterate, retries, limits, metrics (on the backend)."""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Iterable, Optional
+
+from bullmq_compat._errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from bullmq_compat._backends.base import QueueBackend
+
+_CLEANABLE = {"completed", "wait", "waiting", "active", "paused", "delayed", "failed", "prioritized",
+              "waiting-children"}
+
+
+def _positive_int(label: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidArgument(f"{label}={value!r} must be an int >= {minimum}")
+    return value
+
+
+class QueueManagementMixin:
+    """The management methods of `Queue`."""
+
+    name: str
+    backend: "QueueBackend"
+    if TYPE_CHECKING:
+        async def wait_until_ready(self) -> None: ...  # provided by QueueBase
+
+    async def pause(self) -> None:
+        """Stop workers from taking new jobs of this queue (all languages)."""
+        await self.wait_until_ready()
+        await self.backend.pause(True)
+
+    async def resume(self) -> None:
+        """Let workers (all languages) take jobs of this queue again after `pause`."""
+        await self.wait_until_ready()
+        await self.backend.pause(False)
+
+    async def is_paused(self) -> bool:
+        """Whether the queue is paused (by any client, Python or Node)."""
+        await self.wait_until_ready()
+        return await self.backend.get_meta_field("paused") is not None
+
+    async def drain(self, delayed: bool = False) -> None:
+        """Remove waiting (and, with delayed=True, delayed) jobs; active ones are kept."""
+        await self.wait_until_ready()
+        await self.backend.drain(delayed)
+
+    async def clean(self, grace: int, limit: int = 0, type: str = "completed") -> list[str]:
+        """Remove jobs of one state older than ``grace`` ms (at most ``limit``, 0 = all); returns their ids."""
+        if type not in _CLEANABLE:
+            raise InvalidArgument(f"type={type!r} cannot be cleaned; one of {', '.join(sorted(_CLEANABLE))}")
+        if isinstance(grace, bool) or not isinstance(grace, int) or grace < 0:
+            raise InvalidArgument(f"grace={grace!r} must be an int number of ms >= 0")
+        await self.wait_until_ready()
+        return await self.backend.clean(type, int(time.time() * 1000) - grace, limit)
+
+    async def obliterate(self, force: bool = False, count: int = 1000) -> None:
+        """Delete the whole queue; refuses while jobs are active unless force=True."""
+        await self.wait_until_ready()
+        await self.backend.obliterate(force, count)
+
+    async def remove(self, job_id: str, remove_children: bool = True) -> int:
+        """Remove a job; 1 when removed, 0 when it is locked by a worker."""
+        await self.wait_until_ready()
+        return await self.backend.remove(str(job_id), remove_children)
+
+    async def retry_jobs(self, count: int = 1000, state: str = "failed",
+                         timestamp: Optional[int] = None) -> None:
+        """Move failed (or completed) jobs finished before ``timestamp`` back to waiting."""
+        if state not in ("failed", "completed"):
+            raise InvalidArgument(f"state={state!r}: jobs can be retried from 'failed' or 'completed' only")
+        await self.wait_until_ready()
+        await self.backend.retry_jobs(state, count, timestamp or int(time.time() * 1000))
+
+    async def promote_jobs(self, count: int = 1000) -> None:
+        """Move every delayed job to waiting now."""
+        await self.wait_until_ready()
+        await self.backend.promote_jobs(count)
+
+    async def set_global_concurrency(self, concurrency: int) -> None:
+        """At most ``concurrency`` jobs of this queue active at once, across all workers and languages."""
+        _positive_int("concurrency", concurrency)
+        await self.wait_until_ready()
+        await self.backend.set_meta({"concurrency": concurrency})
+
+    async def remove_global_concurrency(self) -> None:
+        """Remove the limit set by `set_global_concurrency`."""
+        await self.wait_until_ready()
+        await self.backend.remove_meta_fields(["concurrency"])
+
+    async def set_global_rate_limit(self, max: int, duration: int) -> None:
+        """At most ``max`` jobs per ``duration`` ms for the whole queue."""
+        _positive_int("max", max)
+        _positive_int("duration", duration)
+        await self.wait_until_ready()
+        await self.backend.set_meta({"max": max, "duration": duration})
+
+    async def remove_global_rate_limit(self) -> None:
+        """Remove the limit set by `set_global_rate_limit`."""
+        await self.wait_until_ready()
+        await self.backend.remove_meta_fields(["max", "duration"])
+
+    async def get_global_concurrency(self) -> Optional[int]:
+        """The limit set by `set_global_concurrency`, or None."""
+        await self.wait_until_ready()
+        value = await self.backend.get_meta_field("concurrency")
+        return int(value) if value is not None else None
+
+    async def get_rate_limit_ttl(self, max_jobs: Optional[int] = None) -> int:
+        """Milliseconds until the queue's rate limit lets jobs through again (0 or less: not limited)."""
+        await self.wait_until_ready()
+        return await self.backend.get_rate_limit_ttl(max_jobs)
+
+    async def get_metrics(self, type: str, start: int = 0, end: int = -1) -> dict[str, Any]:
+        """Jobs finished per minute, newest first, as Node's getMetrics: ``{"meta": {"count",
+        "prevTS", "prevCount"}, "data": [...], "count": n}`` (workers need ``metrics=`` to record)."""
+        if type not in ("completed", "failed"):
+            raise InvalidArgument(f"type={type!r}: metrics are kept for 'completed' and 'failed'")
+        await self.wait_until_ready()
+        meta, data, count = await self.backend.get_metrics(type, start, end)
+
+        def number(value: Any) -> int:
+            try:
+                return int(float(value if isinstance(value, (int, float)) else str(value, "utf-8")
+                                  if isinstance(value, bytes) else str(value)))
+            except (TypeError, ValueError):
+                return 0
+        meta = list(meta) + [0] * (3 - len(meta))
+        return {"meta": {"count": number(meta[0]), "prevTS": number(meta[1]), "prevCount": number(meta[2])},
+                "data": [number(point) for point in data or []], "count": int(count)}
+
+    async def get_counts_per_priority(self, priorities: Iterable[int]) -> dict[str, int]:
+        """Waiting jobs per priority (0: no priority), keyed as Node keys them: ``{"0": 3, "5": 1}``."""
+        unique: list[int] = []
+        for priority in priorities:
+            if isinstance(priority, bool) or not isinstance(priority, int) or priority < 0:
+                raise InvalidArgument(f"priority {priority!r} must be an int >= 0")
+            if priority not in unique:
+                unique.append(priority)
+        await self.wait_until_ready()
+        counts = await self.backend.get_counts_per_priority(unique)
+        return {str(priority): int(count or 0) for priority, count in zip(unique, counts)}
+
+    async def trim_events(self, max_length: int) -> int:
+        """Trim the events stream to about ``max_length`` entries; returns how many were removed."""
+        _positive_int("max_length", max_length, 0)
+        await self.wait_until_ready()
+        return await self.backend.trim_events(max_length)
