@@ -244,8 +244,11 @@ async function main() {
   }
 }
 
+// U+0085, U+2028 and U+2029 go out as \uXXXX escapes (the same JSON): JSON.stringify leaves them
+// raw, and Python's str.splitlines() (tests/node.py) would cut the result line at them
 function emit(line, code) {
-  process.stdout.write(line + '\n', () => process.exit(code));
+  const safe = line.replace(/[\u0085\u2028\u2029]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
+  process.stdout.write(safe + '\n', () => process.exit(code));
 }
 
 main().then(
