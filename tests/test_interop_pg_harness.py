@@ -168,6 +168,26 @@ async def test_queue_call_pause_resume_and_listings(pg_schema: str, queue_name: 
         await node("groupAdd", **pg, queue=queue_name, jobs=[])
 
 
+async def test_bad_connections_fail_with_a_node_error(pg_schema: str, queue_name: str) -> None:
+    with pytest.raises(NodeError, match="ECONNREFUSED|timeout"):
+        await node("getJobCounts", postgres="postgresql://postgres@127.0.0.1:1/test", schema=pg_schema,
+                   queue=queue_name, connectTimeoutMs=5000)
+    with pytest.raises(NodeError, match="invalid PostgreSQL schema name"):
+        await node("getJobCounts", **{**pg_args(pg_schema), "schema": "bad-name"}, queue=queue_name)
+    with pytest.raises(NodeError, match="not both"):
+        await node("getJobCounts", **pg_args(pg_schema), redis="redis://127.0.0.1:1", queue=queue_name)
+    assert not await asyncio.to_thread(schema_exists, pg_schema)
+
+
+async def test_get_jobs_many_reads_jobs_of_many_queues(pg_schema: str, queue_name: str) -> None:
+    pg = pg_args(pg_schema)
+    added = await node("add", **pg, queue=queue_name, name="n", data={"s": "\u2028"})
+    out = await node("getJobsMany", **pg, queue=queue_name,
+                     items=[{"queue": queue_name, "id": added["id"]}, {"queue": f"{queue_name}-2", "id": "1"}])
+    jobs = json.loads(out["json"])
+    assert jobs[0]["id"] == added["id"] and jobs[0]["data"] == {"s": "\u2028"} and jobs[1] is None
+
+
 async def test_get_workers_lists_running_node_workers(pg_schema: str, queue_name: str) -> None:
     pg = pg_args(pg_schema)
     await node("migrate", **pg)
