@@ -237,7 +237,7 @@ async function main() {
   try {
     await b.ready();
     if (op !== 'work') queue = new b.Queue(args.queue, b.options());
-    return await ops[op](args, { queue, backend: b, connection: b.connection, prefix: b.prefix });
+    return await ops[op](args, { queue, backend: b });
   } finally {
     if (queue) await queue.close().catch(() => {});
     await b.close();
