@@ -6,6 +6,14 @@
 // Serves on 127.0.0.1:P with base path "/", prints {"listening": "http://127.0.0.1:P/"} once
 // ready, and exits cleanly on SIGTERM/SIGINT.
 //
+// PostgreSQL instead of Redis (Node's own backend, see interop/backend.js):
+//
+//   node interop/board.js --postgres URL --schema S [--migrate true|false] --port P --queue Q ...
+//
+// The board's BullMQAdapter is then given Queues bound to createPostgresBackend on that schema;
+// the JSON API below answers the same. (Bull-Board lists no workers for such queues: it keeps
+// only clients that have an "addr", which Node's Postgres getWorkers entries lack.)
+//
 // JSON API that lists the jobs of one queue in one status (@bull-board/api dist/routes.js,
 // handler dist/handlers/queues.js; query schema in dist/schemas/requests.js):
 //
@@ -21,20 +29,22 @@
 
 const http = require('node:http');
 const express = require('express');
-const IORedis = require('ioredis');
-const { Queue } = require('bullmq');
+const backend = require('./backend');
 const { createBullBoard } = require('@bull-board/api');
 const { BullMQAdapter } = require('@bull-board/api/bullMQAdapter');
 const { ExpressAdapter } = require('@bull-board/express');
 
 function parseArgs(argv) {
-  const opts = { redis: 'redis://127.0.0.1:6379', port: 3000, prefix: 'bull', queues: [] };
+  const opts = { port: 3000, queues: [], conn: {} };
   for (let i = 0; i < argv.length; i += 2) {
     const [flag, value] = [argv[i], argv[i + 1]];
     if (value === undefined) throw new Error(`missing value for ${flag}`);
-    if (flag === '--redis') opts.redis = value;
+    if (flag === '--redis') opts.conn.redis = value;
+    else if (flag === '--postgres') opts.conn.postgres = value;
+    else if (flag === '--schema') opts.conn.schema = value;
+    else if (flag === '--migrate') opts.conn.migrate = value === 'true' || value === '1';
     else if (flag === '--port') opts.port = Number(value);
-    else if (flag === '--prefix') opts.prefix = value;
+    else if (flag === '--prefix') opts.conn.prefix = value;
     else if (flag === '--queue') opts.queues.push(value);
     else throw new Error(`unknown option ${flag}`);
   }
@@ -44,9 +54,11 @@ function parseArgs(argv) {
 
 async function main() {
   const opts = parseArgs(process.argv.slice(2));
-  const connection = new IORedis(opts.redis, { maxRetriesPerRequest: null });
-  connection.on('error', (err) => console.error(`redis: ${err.message}`));
-  const queues = opts.queues.map((name) => new Queue(name, { connection, prefix: opts.prefix }));
+  const b = backend.open(opts.conn);
+  if (b.kind === 'redis') b.connection.on('error', (err) => console.error(`redis: ${err.message}`));
+  const queues = opts.queues.map((name) => new b.Queue(name, b.options()));
+  // Postgres: fail now (e.g. SchemaMigrationRequiredError) rather than on the first request
+  if (b.kind === 'postgres') await Promise.all(queues.map((q) => q.waitUntilReady()));
 
   const serverAdapter = new ExpressAdapter();
   serverAdapter.setBasePath('/');
@@ -69,7 +81,8 @@ async function main() {
     server.closeAllConnections();
     await new Promise((resolve) => server.close(resolve));
     await Promise.all(queues.map((q) => q.close().catch(() => {})));
-    await connection.quit().catch(() => connection.disconnect());
+    if (b.kind === 'redis') await b.connection.quit().catch(() => b.connection.disconnect());
+    else await b.close();
     process.exit(0);
   };
   process.on('SIGTERM', stop);

@@ -6,15 +6,25 @@
 // Prints exactly one line of JSON (the result) on stdout and exits 0; on error prints
 // {"error": message, "name": err.name} and exits 1. Common fields: redis (URL), prefix
 // (default "bull"), queue, connectTimeoutMs (default 10000: fail rather than wait forever for
-// an unreachable Redis). Ops: add, addBulk, getJob, getJobs, getJobCounts, getState,
-// queueCall, work, getJobsMany, groupAdd (see the handlers below).
+// an unreachable Redis or PostgreSQL). Ops: add, addBulk, getJob, getJobs, getJobCounts,
+// getState, queueCall, work, getJobsMany, groupAdd, migrate (see the handlers below).
+//
+// PostgreSQL instead of Redis (Node's own Postgres backend, see interop/backend.js): give
+//   {"postgres": "postgresql://postgres@127.0.0.1:5432/test", "schema": "s_xxx", "migrate": true}
+// in place of redis/prefix. Every op works the same, except: add/addBulk return the job's row of
+// the schema's job table (to_jsonb, as "row"/"rows") where Redis gives its hash ("hash"/"hashes");
+// groupAdd is Redis-only; and `migrate` ({postgres, schema}, no queue) runs Node's runMigrations
+// and returns {version, before, applied}: the version after the call, the ledger's version
+// before it (0 for a fresh schema) and the ledger rows this call added ([] for a no-op).
+// Job schedulers go through queueCall (upsertJobScheduler, getJobScheduler, getJobSchedulers,
+// removeJobScheduler) and run under `work`, as with Redis; getWorkers too (queueCall).
 //
 // `work` with {"ready": true} additionally prints {"ready": true} as a first line once the
 // worker is connected, so a caller running it in the background knows when it is consuming.
 // SIGTERM/SIGINT end `work` early: it still prints its result (with "interrupted": true).
 
-const IORedis = require('ioredis');
-const { Queue, Worker, Job, UnrecoverableError } = require('bullmq');
+const { Job, UnrecoverableError, runMigrations, quoteSchemaName, DEFAULT_SCHEMA } = require('bullmq');
+const backend = require('./backend');
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
@@ -86,13 +96,11 @@ async function work(args, ctx) {
   const finished = new Promise((resolve) => { finish = resolve; });
   const check = () => { if (completed.length + failed.length >= count) finish(); };
 
-  const worker = new Worker(args.queue, processJob, {
+  const worker = new ctx.backend.Worker(args.queue, processJob, ctx.backend.options({
     ...workerOpts,
-    connection: ctx.connection,
-    prefix: ctx.prefix,
     concurrency,
     autorun: false,
-  });
+  }));
   worker.on('error', () => {}); // transient connection errors surface through the result instead
   worker.on('completed', (job) => { completed.push(job.id); check(); });
   worker.on('failed', (job, err) => {
@@ -117,16 +125,55 @@ async function work(args, ctx) {
   return result;
 }
 
+/** What is stored for one job: its Redis hash, or its row of the Postgres schema's job table. */
+function stored(ctx, id) {
+  const { backend: b, queue } = ctx;
+  if (b.kind === 'redis') return b.connection.hgetall(`${queue.qualifiedName}:${id}`);
+  return b.sql('SELECT to_jsonb(j) AS row FROM job j WHERE j.queue = $1 AND j.id = $2', [queue.name, id])
+    .then((rows) => (rows.length ? rows[0].row : null));
+}
+
+/** {version, before, applied}: Node's runMigrations on one session, and the ledger around it. */
+async function migrate(args) {
+  const pg = require('pg');
+  const schema = args.schema || DEFAULT_SCHEMA;
+  const ledger = `SELECT version, name, min_client_version FROM ${quoteSchemaName(schema)}.migration ORDER BY version`;
+  const read = async (client) => {
+    try {
+      return (await client.query(ledger)).rows;
+    } catch (err) {
+      if (err.code === '42P01' || err.code === '3F000') return []; // no ledger / no schema yet
+      throw err;
+    }
+  };
+  const client = new pg.Client({ connectionString: args.postgres, connectionTimeoutMillis: args.connectTimeoutMs || 10000 });
+  await client.connect();
+  try {
+    const before = await read(client);
+    const version = await runMigrations(client, schema);
+    const after = await read(client);
+    const known = new Set(before.map((r) => r.version));
+    return {
+      version,
+      before: before.reduce((max, r) => Math.max(max, r.version), 0),
+      applied: after.filter((r) => !known.has(r.version)),
+    };
+  } finally {
+    await client.end().catch(() => {});
+  }
+}
+
 const ops = {
-  async add({ name, data, opts }, { queue, connection }) {
-    const job = await queue.add(name, data ?? {}, opts ?? {});
-    return { id: job.id, hash: await connection.hgetall(`${queue.qualifiedName}:${job.id}`) };
+  async add({ name, data, opts }, ctx) {
+    const job = await ctx.queue.add(name, data ?? {}, opts ?? {});
+    const key = ctx.backend.kind === 'redis' ? 'hash' : 'row';
+    return { id: job.id, [key]: await stored(ctx, job.id) };
   },
-  async addBulk({ jobs }, { queue, connection }) {
-    const added = await queue.addBulk(jobs.map((j) => ({ name: j.name, data: j.data ?? {}, opts: j.opts ?? {} })));
+  async addBulk({ jobs }, ctx) {
+    const added = await ctx.queue.addBulk(jobs.map((j) => ({ name: j.name, data: j.data ?? {}, opts: j.opts ?? {} })));
     const ids = added.map((job) => job.id);
-    const hashes = await Promise.all(ids.map((id) => connection.hgetall(`${queue.qualifiedName}:${id}`)));
-    return { ids, hashes };
+    const key = ctx.backend.kind === 'redis' ? 'hashes' : 'rows';
+    return { ids, [key]: await Promise.all(ids.map((id) => stored(ctx, id))) };
   },
   async getJob({ id }, { queue }) {
     return jobJSON(await queue.getJob(id));
@@ -149,12 +196,12 @@ const ops = {
   // many jobs of many queues (same prefix) in one process: {items: [{queue, id}]} -> {json: text of
   // [jobJSON | null]}, the text ASCII-only (\\uXXXX escapes): JSON.stringify leaves U+0085, U+2028
   // and U+2029 raw, which Python's str.splitlines() would take for line ends
-  async getJobsMany({ items }, { connection, prefix }) {
+  async getJobsMany({ items }, { backend: b }) {
     const queues = new Map();
     try {
       const out = [];
       for (const { queue: name, id } of items) {
-        if (!queues.has(name)) queues.set(name, new Queue(name, { connection, prefix, skipMetasUpdate: true }));
+        if (!queues.has(name)) queues.set(name, new b.Queue(name, b.options({ skipMetasUpdate: true })));
         out.push(await jobJSON(await queues.get(name).getJob(id)));
       }
       const json = JSON.stringify(out).replace(/[\u007f-\uffff]/g,
@@ -166,51 +213,42 @@ const ops = {
   },
   // bullmq-compat group jobs through interop/groups.js's GroupProducer, added one after another
   // in the order given: {jobs: [{name, data, opts: {group, orderMs, ...}}]} -> {ids}
-  async groupAdd({ jobs }, { connection, prefix, queue }) {
+  async groupAdd({ jobs }, { backend: b, queue }) {
+    if (b.kind !== 'redis') throw new TypeError('groupAdd needs Redis (our group script is Lua)');
     const { GroupProducer } = require('./groups');
-    const producer = new GroupProducer(queue.name, { connection, prefix });
+    const producer = new GroupProducer(queue.name, { connection: b.connection, prefix: b.prefix });
     const ids = [];
     for (const j of jobs) ids.push(await producer.add(j.name, j.data ?? {}, j.opts ?? {}));
     return { ids };
   },
 };
 
-/** Waits for Redis to answer; ioredis would otherwise retry (and we would hang) forever. */
-function connected(connection, url, timeoutMs) {
-  let lastError = null;
-  connection.on('error', (err) => { lastError = err; }); // later errors surface via the commands
-  if (connection.status === 'ready') return Promise.resolve();
-  return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => {
-      const why = lastError ? lastError.message : `no answer in ${timeoutMs} ms`;
-      reject(new Error(`cannot connect to Redis at ${url}: ${why}`));
-    }, timeoutMs);
-    connection.once('ready', () => { clearTimeout(timer); resolve(); });
-  });
-}
-
 async function main() {
   const [op, raw] = process.argv.slice(2);
   const args = raw ? JSON.parse(raw) : {};
+  if (op === 'migrate') {
+    if (!args.postgres) throw new TypeError('"migrate" needs "postgres"');
+    return migrate(args);
+  }
   if (!Object.prototype.hasOwnProperty.call(ops, op)) throw new TypeError(`unknown op: ${op}`);
   if (!args.queue) throw new TypeError('"queue" is required');
-  const prefix = args.prefix || 'bull';
-  const url = args.redis || 'redis://127.0.0.1:6379';
-  const connection = new IORedis(url, { maxRetriesPerRequest: null });
+  const b = backend.open(args);
   let queue = null;
   try {
-    await connected(connection, url, args.connectTimeoutMs || 10000);
-    if (op !== 'work') queue = new Queue(args.queue, { connection, prefix });
-    return await ops[op](args, { queue, connection, prefix });
+    await b.ready();
+    if (op !== 'work') queue = new b.Queue(args.queue, b.options());
+    return await ops[op](args, { queue, backend: b });
   } finally {
     if (queue) await queue.close().catch(() => {});
-    if (connection.status === 'ready') await connection.quit().catch(() => connection.disconnect());
-    else connection.disconnect();
+    await b.close();
   }
 }
 
+// U+0085, U+2028 and U+2029 go out as \uXXXX escapes (the same JSON): JSON.stringify leaves them
+// raw, and Python's str.splitlines() (tests/node.py) would cut the result line at them
 function emit(line, code) {
-  process.stdout.write(line + '\n', () => process.exit(code));
+  const safe = line.replace(/[\u0085\u2028\u2029]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
+  process.stdout.write(safe + '\n', () => process.exit(code));
 }
 
 main().then(

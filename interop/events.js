@@ -11,18 +11,22 @@
 //     and prints {"returnvalue": value} or {"rejected": message}.
 //
 // On a setup error prints {"error": message, "name": err.name} and exits 1 (as cli.js does).
+//
+// PostgreSQL (Node's own backend, see interop/backend.js): {postgres, schema, migrate?, queue, ...}
+// in place of {redis, prefix}. Event ids are then the schema's event ids ("1", "2", ...; one
+// sequence for all queues of the schema) instead of Redis stream ids, so lastEventId is one of those.
 
-const IORedis = require('ioredis');
-const { Queue, QueueEvents, Job } = require('bullmq');
+const { Job } = require('bullmq');
+const backend = require('./backend');
 
 function out(value) {
   return new Promise((resolve) => process.stdout.write(JSON.stringify(value) + '\n', resolve));
 }
 
-async function listen(args, connection, prefix) {
-  const queueEvents = new QueueEvents(args.queue, {
-    connection, prefix, lastEventId: args.lastEventId || '$', autorun: false,
-  });
+async function listen(args, b) {
+  const queueEvents = new b.QueueEvents(args.queue, b.options({
+    lastEventId: args.lastEventId || '$', autorun: false,
+  }));
   const events = [];
   let done;
   const finished = new Promise((resolve) => { done = resolve; });
@@ -44,14 +48,16 @@ async function listen(args, connection, prefix) {
   const timedOut = await finished;
   clearTimeout(timer);
   await queueEvents.close();
-  await running;
+  // Node's Postgres QueueEvents: a read_events query in flight when close() ends the pool never
+  // settles, so run() never does either (and Node would exit with nothing printed): wait a bounded time
+  await Promise.race([running, new Promise((resolve) => setTimeout(resolve, 2000))]);
   return { events, timedOut };
 }
 
-async function wait(args, connection, prefix) {
-  const queueEvents = new QueueEvents(args.queue, { connection, prefix, lastEventId: args.lastEventId || '$' });
+async function wait(args, b) {
+  const queueEvents = new b.QueueEvents(args.queue, b.options({ lastEventId: args.lastEventId || '$' }));
   queueEvents.on('error', () => {});
-  const queue = new Queue(args.queue, { connection, prefix });
+  const queue = new b.Queue(args.queue, b.options());
   try {
     await queueEvents.waitUntilReady();
     const job = await Job.fromId(queue, args.id);
@@ -72,17 +78,17 @@ async function main() {
   const [op, raw] = process.argv.slice(2);
   const args = raw ? JSON.parse(raw) : {};
   if (!args.queue) throw new TypeError('"queue" is required');
-  const prefix = args.prefix || 'bull';
-  const url = args.redis || 'redis://127.0.0.1:6379';
-  // QueueEvents blocks on its connection: give it one of its own (BullMQ duplicates it anyway)
-  const connection = new IORedis(url, { maxRetriesPerRequest: null });
-  connection.on('error', () => {});
+  // Redis: QueueEvents blocks on its connection, so it gets one of its own (BullMQ duplicates it
+  // anyway); PostgreSQL: each QueueEvents/Queue opens its own pool and LISTEN connection
+  const b = backend.open(args);
+  if (b.kind === 'redis') b.connection.on('error', () => {});
   try {
-    if (op === 'listen') return await listen(args, connection, prefix);
-    if (op === 'wait') return await wait(args, connection, prefix);
+    if (op === 'listen') return await listen(args, b);
+    if (op === 'wait') return await wait(args, b);
     throw new TypeError(`unknown op: ${op}`);
   } finally {
-    connection.disconnect();
+    if (b.kind === 'redis') b.connection.disconnect();
+    else await b.close();
   }
 }
 

@@ -4,7 +4,8 @@
 //   node interop/flow.js <op> '<json>'
 //
 // Prints one line of JSON (the result) and exits 0; on error prints {"error", "name"} and exits 1.
-// Common fields: redis (URL), prefix (default "bull"). Ops:
+// Common fields: redis (URL), prefix (default "bull"); or, for Node's PostgreSQL backend (see
+// interop/backend.js), postgres (URL), schema, migrate (true lets Node create the schema). Ops:
 //   add {flow}                          FlowProducer.add          -> tree of {id, queueName, parentKey, children}
 //   addBulk {flows}                     FlowProducer.addBulk      -> [tree...]
 //   get {id, queueName, depth?, maxChildren?}  FlowProducer.getFlow -> tree with state, returnvalue, failedReason
@@ -16,8 +17,8 @@
 // The processor takes its behaviour from job.data.behave: {sleepMs, fail, children, return}; "children"
 // returns what a parent sees of its children (values, ignored failures, dependency counts).
 
-const IORedis = require('ioredis');
-const { FlowProducer, Queue, Worker, Job } = require('bullmq');
+const { Job } = require('bullmq');
+const backend = require('./backend');
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
@@ -56,9 +57,9 @@ async function plain(value) {
 }
 
 function newWorker(queue, ctx, extra = {}) {
-  const worker = new Worker(queue, processJob, {
-    connection: ctx.connection, prefix: ctx.prefix, concurrency: 1, autorun: false, ...extra,
-  });
+  const worker = new ctx.backend.Worker(queue, processJob, ctx.backend.options({
+    concurrency: 1, autorun: false, ...extra,
+  }));
   worker.on('error', () => {});
   worker.run().catch(() => {});
   return worker;
@@ -78,7 +79,7 @@ const ops = {
     return treeJSON(await ctx.producer.getFlow(opts), true);
   },
   async jobCall({ queue, id, method, args = [] }, ctx) {
-    const q = new Queue(queue, { connection: ctx.connection, prefix: ctx.prefix });
+    const q = new ctx.backend.Queue(queue, ctx.backend.options());
     try {
       const job = await Job.fromId(q, id);
       if (!job) throw new Error(`no job ${id} in ${queue}`);
@@ -92,7 +93,7 @@ const ops = {
     const workers = queues.map((q) => newWorker(q, ctx));
     await Promise.all(workers.map((w) => w.waitUntilReady()));
     const tree = await ctx.producer.add(flow);
-    const root = new Queue(flow.queueName, { connection: ctx.connection, prefix: ctx.prefix });
+    const root = new ctx.backend.Queue(flow.queueName, ctx.backend.options());
     const deadline = Date.now() + timeoutMs;
     let state;
     for (;;) {
@@ -130,14 +131,13 @@ async function main() {
   const [op, raw] = process.argv.slice(2);
   const args = raw ? JSON.parse(raw) : {};
   if (!Object.prototype.hasOwnProperty.call(ops, op)) throw new TypeError(`unknown op: ${op}`);
-  const prefix = args.prefix || 'bull';
-  const connection = new IORedis(args.redis || 'redis://127.0.0.1:6379', { maxRetriesPerRequest: null });
-  const producer = new FlowProducer({ connection, prefix });
+  const b = backend.open(args);
+  const producer = new b.FlowProducer(b.options());
   try {
-    return await ops[op](args, { connection, prefix, producer });
+    return await ops[op](args, { backend: b, producer });
   } finally {
     await producer.close().catch(() => {});
-    await connection.quit().catch(() => connection.disconnect());
+    await b.close();
   }
 }
 

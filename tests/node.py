@@ -4,6 +4,10 @@
 ``NodeProcess`` runs a long-lived script (the Bull-Board server, or a ``cli.js work`` worker)
 in the background for the duration of an ``async with`` block.
 
+Nothing here is tied to Redis: the args name the datastore. ``redis=url`` (and ``prefix``) for
+Redis, or ``postgres=url, schema=name, migrate=True`` for Node's own PostgreSQL backend (see
+interop/backend.js; tests/pg_node_helpers.py makes a fresh schema and drops it).
+
 Tests that need Node never skip: when ``interop/node_modules`` is missing the driver raises
 :class:`NodeNotInstalled`, which says to run ``make setup``.
 """
@@ -108,7 +112,8 @@ async def run_node(argv: Sequence[str], *, label: str, budget: float, stdin: byt
 async def node(op: str, **args: Any) -> Any:
     """Run ``node interop/cli.js <op> <json(args)>`` and return its parsed JSON result.
 
-    ``args`` are the JSON fields of the command (``redis``, ``queue``, ``prefix``, ...).
+    ``args`` are the JSON fields of the command (``redis``, ``queue``, ``prefix``, ...; or
+    ``postgres``, ``schema``, ``migrate`` in place of ``redis``/``prefix``).
     Raises :class:`NodeError` when the command fails.
     """
     budget = float(args.get("timeoutMs", 30000)) / 1000 + _SLACK_S
@@ -162,9 +167,23 @@ class NodeProcess:
         self._done = False
 
     @classmethod
-    def board(cls, redis: str, port: int, queues: Sequence[str], prefix: str = "bull") -> "NodeProcess":
-        """Bull-Board (interop/board.js) over ``queues``, on 127.0.0.1:``port``."""
-        argv = ["--redis", redis, "--port", str(port), "--prefix", prefix]
+    def board(cls, redis: str | None, port: int, queues: Sequence[str], prefix: str = "bull", *,
+              postgres: str | None = None, schema: str | None = None,
+              migrate: bool | None = None) -> "NodeProcess":
+        """Bull-Board (interop/board.js) over ``queues``, on 127.0.0.1:``port``: on Redis at
+        ``redis`` (keys under ``prefix``), or with ``redis=None, postgres=url, schema=name`` on
+        Node's PostgreSQL backend (``migrate=True`` lets Node create the schema)."""
+        if (redis is None) == (postgres is None):
+            raise ValueError("give either redis or postgres")
+        if redis is not None:
+            argv = ["--redis", redis, "--port", str(port), "--prefix", prefix]
+        else:
+            assert postgres is not None
+            argv = ["--postgres", postgres, "--port", str(port)]
+            if schema is not None:
+                argv += ["--schema", schema]
+            if migrate is not None:
+                argv += ["--migrate", "true" if migrate else "false"]
         for queue in queues:
             argv += ["--queue", queue]
         return cls(BOARD, *argv)
