@@ -38,6 +38,7 @@ from bullmq_compat import _telemetry as telemetry_attrs
 from bullmq_compat._telemetry import resolve as resolve_telemetry
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from bullmq_compat._queue import Connection, QueueBase
+from bullmq_compat._worker_locks import LockKeepingMixin
 from bullmq_compat._backends.base import NextJob, WorkerChannel, WorkerSettings
 from bullmq_compat._scheduler import advance_for_worker
 from bullmq_compat._wire import codec
@@ -92,7 +93,7 @@ def _wants_token(fn: Callable[..., Any]) -> bool:
         return False
 
 
-class Worker(QueueBase):
+class Worker(LockKeepingMixin, QueueBase):
     """Processes jobs of one queue — jobs added by Python or by Node — as Node's Worker does.
 
     >>> async def process(job):
@@ -640,45 +641,6 @@ class Worker(QueueBase):
             return None
         self.emit("failed", job, err, "active")
         return self._job_from_reply(reply, token) if fetch_next and reply is not None else None
-
-    # -- locks and stalls ----------------------------------------------------------------------------
-    async def _lock_renewer(self) -> None:
-        interval = self.lock_renew_time / 2 / 1000
-        while not self.closing:
-            await asyncio.sleep(interval)
-            now = time.monotonic()
-            due = [(job_id, entry[0]) for job_id, entry in self._active.items()
-                   if entry[1] + interval <= now]
-            if not due:
-                continue
-            for job_id, _ in due:
-                entry = self._active.get(job_id)
-                if entry is not None:
-                    entry[1] = now
-            try:
-                failed = await self._channel.extend_locks(  # type: ignore[union-attr]
-                    [j for j, _ in due], [t for _, t in due], self.lock_duration)
-            except self.backend.transient_errors as err:
-                self._connection_trouble(err)
-                continue
-            except Exception as err:
-                self.emit("error", err)
-                continue
-            for job_id in failed:
-                self.emit("error", RuntimeError(f"could not renew lock for job {job_id}"))
-                self.emit("lockRenewalFailed", [job_id])
-
-    async def _stalled_checker(self) -> None:
-        while not self.closing:
-            try:
-                stalled = await self._channel.move_stalled_jobs_to_wait(_now_ms())  # type: ignore[union-attr]
-                for job_id in stalled:
-                    self.emit("stalled", job_id, "active")
-            except self.backend.transient_errors as err:
-                self._connection_trouble(err)
-            except Exception as err:
-                self.emit("error", err)
-            await self._sleep(self.stalled_interval / 1000)
 
     # -- manual processing ---------------------------------------------------------------------------
     async def get_next_job(self, token: str, block: bool = True) -> Optional[Job]:
