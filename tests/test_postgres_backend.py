@@ -299,6 +299,18 @@ async def test_get_jobs_over_several_states_lists_each_job_once(backend: Postgre
     assert [jid for jid, _ in jobs] == ["1", "2", "3"]
 
 
+async def test_delayed_counts_can_be_limited_to_jobs_due_before_a_time(backend: PostgresBackend) -> None:
+    await add(backend, new(delay=1000), new(delay=600000), new())
+    assert await backend.get_counts(["waiting", "delayed"], delayed_timestamp=now() + 60000) == [1, 1]
+    assert await backend.get_counts(["delayed"]) == [2]
+
+
+@pytest.mark.parametrize("job_id", [42, None, b"42"])
+async def test_a_job_id_that_is_not_a_str_is_refused_naming_it(backend: PostgresBackend, job_id: Any) -> None:
+    with pytest.raises(InvalidArgument, match=f"job_id={job_id!r}"):
+        await backend.get_job(job_id)
+
+
 async def test_get_counts_report_waiting_jobs_as_paused_while_paused(backend: PostgresBackend) -> None:
     await add(backend, new(), new())
     await backend.pause(True)

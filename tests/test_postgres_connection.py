@@ -51,6 +51,17 @@ async def test_every_pooled_connection_resolves_names_in_the_schema(postgres_url
         await conn.close()
 
 
+async def test_options_given_in_the_url_are_kept_beside_the_search_path(postgres_url: str, pg_migrated: str) -> None:
+    sep = "&" if "?" in postgres_url else "?"
+    conn = PostgresConnection(f"{postgres_url}{sep}options=-c%20statement_timeout%3D4321", schema=pg_migrated)
+    try:
+        await conn.connect()
+        rows = (await conn.execute("SELECT current_setting('statement_timeout') AS t, current_schema() AS s")).rows
+        assert rows == [{"t": "4321ms", "s": pg_migrated}]
+    finally:
+        await conn.close()
+
+
 async def test_a_listen_session_carries_its_application_name_and_the_search_path(
         postgres_url: str, pg_migrated: str) -> None:
     conn = PostgresConnection(postgres_url, schema=pg_migrated)

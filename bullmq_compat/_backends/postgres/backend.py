@@ -229,8 +229,14 @@ class PostgresBackend(QueueBackend):
             return "prioritized"
         return str(row["state"])
 
-    async def get_counts(self, states: Sequence[str]) -> list[int]:
-        """As Node: while paused, waiting jobs count as ``paused`` (and ``wait``/``waiting`` as 0)."""
+    async def get_counts(self, states: Sequence[str], delayed_timestamp: Optional[int] = None) -> list[int]:
+        """As Node: while paused, waiting jobs count as ``paused`` (and ``wait``/``waiting`` as 0);
+        with ``delayed_timestamp``, ``delayed`` counts only the jobs due before it."""
+        if delayed_timestamp is not None and "delayed" in states:
+            others = [state for state in states if state != "delayed"]
+            other_counts = iter(await self.get_counts(others) if others else [])
+            due = (await self._run("get_delayed_count", [self.name, int(delayed_timestamp)])).rows[0]["count"]
+            return [int(due) if state == "delayed" else next(other_counts) for state in states]
         counts = (await self._run("get_counts", [self.name])).rows[0]
         waiting = int(counts["waiting"])
         paused = counts["paused"] == "1"
