@@ -218,7 +218,7 @@ async def test_removing_a_dedup_key_for_another_job_leaves_it(backend: PostgresB
 async def flow(backend: PostgresBackend) -> tuple[str, list[str]]:
     parent_id = str(uuid.uuid4())
     children = [new("child", {"i": i}, job_id=f"c{i}", parent={"id": parent_id, "queue": "q"}) for i in range(2)]
-    nodes = [(c, {"parentKey": f"q:{parent_id}"}) for c in children]
+    nodes: list[tuple[NewJob, dict[str, Any] | None]] = [(c, {"parentKey": f"q:{parent_id}"}) for c in children]
     nodes.append((new("parent", job_id=parent_id), {"addToWaitingChildren": True}))
     ids = await backend.add_flow(nodes)  # children first: sent parents first
     return ids[-1], ids[:-1]

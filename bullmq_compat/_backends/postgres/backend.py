@@ -102,9 +102,10 @@ class PostgresBackend(QueueBackend):
         return rows.text_param(job_id, what="job_id")
 
     # -- adding ------------------------------------------------------------------------------
-    def _entry(self, job: NewJob, link: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
+    def _entry(self, job: NewJob, link: Optional[Mapping[str, Any]] = None, *,
+               queue: Optional[str] = None) -> dict[str, Any]:
         """One job as Node's ``toBatchEntry`` builds it (also the parameters of ``add_job``)."""
-        queue = check_queue_name(job.queue_name) if job.queue_name else self.name
+        queue = queue or (check_queue_name(job.queue_name) if job.queue_name else self.name)
         name = rows.text_param(job.name, what="job name")
         opts = {key: value for key, value in job.opts.items() if key != "repeatJobKey"}
         # opts are stored as JSON: refuse here what jsonb cannot hold (the whole call, not a half)
@@ -153,7 +154,7 @@ class PostgresBackend(QueueBackend):
         entries: list[tuple[int, dict[str, Any]]] = []
         for index, job in enumerate(jobs):
             try:
-                entries.append((index, self._entry(job)))
+                entries.append((index, self._entry(job, queue=self.name)))  # Node: always this queue
             except InvalidArgument as err:
                 results[index] = err
         if len(jobs) == 1 and entries:

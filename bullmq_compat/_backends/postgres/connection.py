@@ -203,15 +203,16 @@ class PostgresConnection:
         Our own connection when we own the pool (it never takes a pool slot); one borrowed from the
         user's pool otherwise (returned, closed, by `close_listen_session`).
         """
-        psycopg, _ = load_psycopg()
+        pg, _ = load_psycopg()
         await self.connect()
+        conn: "psycopg.AsyncConnection[Any]"
         if self._owns_pool:
             extra: dict[str, Any] = {"keepalives": 1, "keepalives_idle": LISTEN_KEEPALIVE_IDLE_S}
             if application_name:
                 extra["application_name"] = application_name
             try:
-                conn = await psycopg.AsyncConnection.connect(**{**self._params, **extra}, autocommit=True)
-            except psycopg.OperationalError as err:
+                conn = await pg.AsyncConnection.connect(**{**self._params, **extra}, autocommit=True)
+            except pg.OperationalError as err:
                 raise _unavailable(self.where, err, self._secret) from None
             self._listeners.append((conn, True))
         else:

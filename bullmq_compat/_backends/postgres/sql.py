@@ -57,7 +57,7 @@ async def execute(conn: "psycopg.AsyncConnection[Any]", text: str, params: Seque
     from psycopg.rows import dict_row
 
     async with psycopg.AsyncRawCursor(conn, row_factory=dict_row) as cur:
-        await cur.execute(text, list(params))  # type: ignore[arg-type]
+        await cur.execute(text, list(params))
         rows = await cur.fetchall() if cur.description is not None else []
         return Result(rows, cur.rowcount)
 
