@@ -151,3 +151,29 @@ def test_without_psycopg_the_package_imports_and_a_postgres_connection_names_the
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
     assert "pip install 'bullmq-compat[postgres]'" in proc.stdout
+
+
+async def test_a_mixed_case_schema_name_with_dollar_keeps_its_case(postgres_url: str) -> None:
+    import psycopg
+
+    schema = f"Mixed_{os.getpid()}$Case"
+    conn = PostgresConnection(postgres_url, schema=schema, migrate=True)
+    try:
+        assert await conn.connect() == 11
+        assert (await conn.execute("SELECT current_schema() AS s")).rows == [{"s": schema}]
+    finally:
+        await conn.close()
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def test_a_cluster_of_our_own_starts_answers_and_is_removed() -> None:
+    """The fallback when neither POSTGRES_URL nor 127.0.0.1:5432 answers (initdb as 'postgres' when root)."""
+    from tests._postgres_server import PostgresServer, _answers
+
+    server = PostgresServer().start()
+    try:
+        assert _answers(server.url)
+    finally:
+        server.stop()
+    assert not os.path.exists(server.dir)
