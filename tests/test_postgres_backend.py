@@ -261,6 +261,32 @@ async def test_completed_children_values_are_json_text_for_the_parent(backend: P
     assert await backend.get_dependency_counts(parent, ["processed", "unprocessed"]) == [1, 1]
 
 
+async def test_get_dependencies_lists_children_by_category(backend: PostgresBackend) -> None:
+    parent, _ = await flow(backend)
+    done = await complete(backend, '{"v": 1}')
+    pending = "c1" if done == "c0" else "c0"
+    assert await backend.get_dependencies(parent) == {
+        "processed": {f"q:{done}": '{"v":1}'}, "unprocessed": [f"q:{pending}"], "ignored": {}, "failed": []}
+
+
+async def test_is_finished_tells_completed_failed_pending_and_missing(backend: PostgresBackend) -> None:
+    await add(backend, new("a"), new("b"), new("c"))
+    done = await complete(backend, '"r"')
+    failed = await fail(backend, "why")
+    assert await backend.is_finished(done) == (1, '"r"')
+    assert await backend.is_finished(failed) == (2, "why")
+    assert await backend.is_finished("3") == (0, "")
+    assert await backend.is_finished("nope") == (-1, "Missing key for job q:nope. isFinished")
+
+
+async def test_is_maxed_follows_the_global_concurrency(backend: PostgresBackend) -> None:
+    assert await backend.is_maxed() is False
+    await backend.set_meta({"concurrency": 1})
+    await add_one(backend, new())
+    await take(backend)
+    assert await backend.is_maxed() is True
+
+
 async def test_removing_a_child_dependency_releases_it(backend: PostgresBackend) -> None:
     parent, _ = await flow(backend)
     assert await backend.remove_child_dependency("c0", f"q:{parent}") is True

@@ -286,6 +286,41 @@ class PostgresBackend(QueueBackend):
         lines = [str(r["row"]) for r in (await self._run(command, [self.name, job_id, first, limit])).rows]
         return lines, count
 
+    async def is_finished(self, job_id: str) -> tuple[int, str]:
+        """Node's isFinished with returnValue: ``(1, return value JSON)`` completed, ``(2, reason)``
+        failed, ``(0, "")`` not finished, ``(-1, message)`` no such job."""
+        job_id = self._id(job_id)
+        row = (await self._run("is_finished", [self.name, job_id])).first()
+        if row is None:
+            return -1, f"Missing key for job {self.name}:{job_id}. isFinished"
+        if row["state"] == "completed":
+            return 1, rows.dump_out(row["return_value"])
+        if row["state"] == "failed":
+            return 2, str(row["failed_reason"] or "")
+        return 0, ""
+
+    async def is_maxed(self) -> bool:
+        """Whether the queue's global concurrency is reached (Node's isMaxed)."""
+        return bool((await self._run("is_maxed", [self.name])).rows[0]["maxed"])
+
+    async def get_dependencies(self, job_id: str) -> dict[str, Any]:
+        """All of a parent's children by category, unpaginated (Node's getDependencies without
+        options): ``processed`` {child key: return value JSON}, ``unprocessed`` [child keys],
+        ``ignored`` {child key: failure reason}, ``failed`` [child keys]."""
+        found: dict[str, Any] = {"processed": {}, "unprocessed": [], "ignored": {}, "failed": []}
+        for row in (await self._run("get_dependencies", [self.name, self._id(job_id)])).rows:
+            key, status = str(row["child_key"]), row["status"]
+            if status == "processed":
+                found["processed"][key] = rows.dump_out(row["value"])
+            elif status == "pending":
+                found["unprocessed"].append(key)
+            elif status == "ignored":
+                value = row["value"]
+                found["ignored"][key] = value if isinstance(value, str) else rows.dump_out(value)
+            elif status == "failed":
+                found["failed"].append(key)
+        return found
+
     async def get_counts_per_priority(self, priorities: Sequence[int]) -> list[int]:
         result = await self._run("get_counts_per_priority", [self.name, [int(p) for p in priorities]])
         return [int(r["cnt"]) for r in result.rows]
