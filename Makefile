@@ -4,9 +4,9 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test bench demo clean upstream interop browser chaos
+.PHONY: setup test bench demo clean upstream interop browser postgres chaos
 
-setup: $(STAMP) upstream interop interop/lua/addGroupJob.lua browser
+setup: $(STAMP) upstream interop interop/lua/addGroupJob.lua browser postgres
 
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -31,6 +31,12 @@ interop/node_modules/.package-lock.json: interop/package.json interop/package-lo
 browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+# Debian's PostgreSQL server binaries, for tests that start a cluster of their own (tests/_postgres_server.py)
+postgres:
+	@{ command -v initdb >/dev/null 2>&1 && command -v pg_ctl >/dev/null 2>&1; } || \
+		ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
 
 test: setup
 	$(VPY) -m pytest -q $(PYTEST_ARGS)

@@ -55,3 +55,15 @@ from bullmq_compat._groups import GroupJobRefused, GroupKeeper  # noqa: E402
 from bullmq_compat._telemetry import Telemetry  # noqa: E402
 
 __all__ += ["GroupJobRefused", "GroupKeeper", "Telemetry"]
+from bullmq_compat._errors import (  # noqa: E402
+    InvalidSchemaName,
+    PostgresDriverMissing,
+    PostgresUnavailable,
+    SchemaMigrationRequired,
+    SchemaVersionMismatch,
+    UnsupportedPostgresVersion,
+)
+from bullmq_compat._backends.postgres.migrator import migrate_postgres  # noqa: E402
+
+__all__ += ["InvalidSchemaName", "PostgresDriverMissing", "PostgresUnavailable", "SchemaMigrationRequired",
+            "SchemaVersionMismatch", "UnsupportedPostgresVersion", "migrate_postgres"]

@@ -175,3 +175,48 @@ class NotSupportedOnBackend(BullMQCompatError):
         super().__init__(f"{operation} is not supported on the {backend} backend (Node BullMQ refuses it too)")
         self.operation = operation
         self.backend = backend
+
+
+# -- the PostgreSQL backend ---------------------------------------------------------------------
+class InvalidSchemaName(InvalidArgument):
+    """A PostgreSQL schema name outside Node's rule: ``^[A-Za-z_][A-Za-z0-9_$]*$``, at most 63 characters."""
+
+
+class PostgresUnavailable(BullMQCompatError, ConnectionError):
+    """PostgreSQL could not be reached at the configured address (named with its password as ``***``)."""
+
+
+class PostgresDriverMissing(BullMQCompatError, ImportError):
+    """A ``postgresql://`` connection without psycopg installed: ``pip install 'bullmq-compat[postgres]'``."""
+
+
+class SchemaMigrationRequired(BullMQCompatError):
+    """The schema has no migration ledger: run `migrate_postgres`, or connect with ``migrate=True``
+    (Node's SchemaMigrationRequiredError)."""
+
+    def __init__(self, schema: str) -> None:
+        super().__init__(
+            f"PostgreSQL schema {schema!r} is not initialized (it has no migration ledger): run "
+            f"bullmq_compat.migrate_postgres(url, schema={schema!r}) once, or connect with migrate=True")
+        self.schema = schema
+
+
+class SchemaVersionMismatch(BullMQCompatError):
+    """The schema needs a newer client (Node's SchemaVersionMismatchError), or it is older than the
+    migrations this client bundles (our own check: Node accepts an older schema silently)."""
+
+    def __init__(self, message: str, *, schema: str, database_version: int, supported_version: int) -> None:
+        super().__init__(message)
+        self.schema = schema
+        self.database_version = database_version
+        self.supported_version = supported_version
+
+
+class UnsupportedPostgresVersion(BullMQCompatError):
+    """The PostgreSQL server is older than the backend supports (Node's UnsupportedPostgresVersionError)."""
+
+    def __init__(self, server_version: str, minimum_version: int) -> None:
+        super().__init__(f"the PostgreSQL backend needs server version {minimum_version} or newer, but the "
+                         f"server reports {server_version}: upgrade PostgreSQL")
+        self.server_version = server_version
+        self.minimum_version = minimum_version

@@ -30,3 +30,35 @@ async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
         yield client
     finally:
         await client.aclose()
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A PostgreSQL for the whole session: POSTGRES_URL, the local server on 5432, or our own cluster."""
+    from tests._postgres_server import postgres_for_tests
+
+    with postgres_for_tests() as url:
+        yield url
+
+
+@pytest.fixture
+def pg_schema(postgres_url: str) -> Iterator[str]:
+    """A schema name no other test uses; whatever the test made in it is dropped afterwards."""
+    import psycopg
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    try:
+        yield name
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+@pytest.fixture
+async def pg_migrated(postgres_url: str, pg_schema: str) -> str:
+    """`pg_schema`, migrated to the bundled version (as Node's runMigrations leaves it)."""
+    from bullmq_compat import migrate_postgres
+
+    await migrate_postgres(postgres_url, pg_schema)
+    return pg_schema

@@ -1,4 +1,4 @@
-"""Fetch the pinned upstream BullMQ Lua scripts into ``bullmq_compat/_upstream/``.
+"""Fetch the pinned upstream BullMQ Lua scripts and PostgreSQL SQL into ``bullmq_compat/_upstream/``.
 
 Usage: ``bullmq-compat fetch-upstream`` (any install; needs npm), or from a clone
 ``python scripts/fetch_upstream.py`` (what ``make setup`` runs).
@@ -9,6 +9,10 @@ in ``bullmq_compat/_wire/upstream.py``, and extracts only the files we use:
 * ``dist/cjs/commands/*.lua``          -> ``_upstream/commands/``
 * ``dist/cjs/commands/includes/*.lua`` -> ``_upstream/commands/includes/``
 * ``dist/cjs/scripts/<name>-<n>.js``   -> ``_upstream/ready/``
+* ``dist/cjs/postgres/sql-scripts.js``: its two object literals ``SQL_COMMANDS`` and
+  ``SQL_MIGRATIONS`` (JSON string keys and values, read with `json`, Node is not run)
+  -> ``_upstream/postgres/commands/<name>.sql`` and ``_upstream/postgres/migrations/<name>.sql``,
+  byte for byte; each migration must match its sha256 pin in ``upstream.py``
 
 then writes ``_upstream/VERSION``. Does nothing when that stamp already matches the pin.
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import re
 import shutil
 import subprocess
@@ -38,8 +43,85 @@ _WANTED: tuple[tuple[str, str, re.Pattern[str]], ...] = (
 )
 
 
+_SQL_SCRIPTS_MEMBER = "package/dist/cjs/postgres/sql-scripts.js"
+_SQL_NAME = re.compile(r"[A-Za-z0-9_]+\.sql\Z")
+# object literal -> destination (inside UPSTREAM_DIR)
+_SQL_LITERALS = (("SQL_COMMANDS", "postgres/commands"), ("SQL_MIGRATIONS", "postgres/migrations"))
+
+
 class FetchError(BullMQCompatError):
     """A fetch failure, reported as one line."""
+
+
+_json_decoder = json.JSONDecoder()
+
+
+def parse_sql_literal(source: str, name: str) -> dict[str, str]:
+    """The ``{"<file>.sql": "<text>", ...}`` literal assigned to ``name`` in sql-scripts.js.
+
+    Every key and value there is a JSON string literal, so each is decoded with `json`; anything
+    else (a computed value, a template string) is refused rather than guessed at.
+    """
+    match = re.search(r"(?:exports\.|export\s+const\s+)" + re.escape(name) + r"\s*=\s*\{", source)
+    if match is None:
+        raise FetchError(f"sql-scripts.js has no object literal {name}")
+    entries: dict[str, str] = {}
+    pos = match.end()
+
+    def skip(at: int) -> int:
+        while at < len(source) and source[at].isspace():
+            at += 1
+        return at
+
+    def string(at: int, what: str) -> tuple[str, int]:
+        if source[at:at + 1] != '"':
+            raise FetchError(f"sql-scripts.js: {name} has a {what} that is not a JSON string at offset {at}")
+        try:
+            value, end = _json_decoder.raw_decode(source, at)
+        except ValueError as err:
+            raise FetchError(f"sql-scripts.js: {name} has a bad {what} at offset {at} ({err})") from None
+        return value, end
+
+    while True:
+        pos = skip(pos)
+        if source[pos:pos + 1] == "}":
+            return entries
+        key, pos = string(pos, "key")
+        pos = skip(pos)
+        if source[pos:pos + 1] != ":":
+            raise FetchError(f"sql-scripts.js: {name} key {key!r} is not followed by ':'")
+        value, pos = string(skip(pos + 1), "value")
+        if not _SQL_NAME.match(key) or key in entries:
+            raise FetchError(f"sql-scripts.js: {name} key {key!r} is not a new flat '<name>.sql' file name")
+        entries[key] = value
+        pos = skip(pos)
+        if source[pos:pos + 1] == ",":
+            pos += 1
+
+
+def _write_sql(source: str, target: Path) -> int:
+    """Write the SQL of sql-scripts.js under ``target``; returns how many files were written."""
+    count = 0
+    for literal, dest_dir in _SQL_LITERALS:
+        entries = parse_sql_literal(source, literal)
+        if literal == "SQL_MIGRATIONS":
+            _check_migration_pins(entries)
+        out_dir = target / dest_dir
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for file_name, text in entries.items():
+            (out_dir / file_name).write_bytes(text.encode("utf-8"))
+            count += 1
+    return count
+
+
+def _check_migration_pins(entries: dict[str, str]) -> None:
+    pins = upstream.POSTGRES_MIGRATION_SHA256
+    if sorted(entries) != sorted(pins):
+        raise FetchError(f"sql-scripts.js holds the migrations {sorted(entries)}, the pins name {sorted(pins)}")
+    for file_name, text in entries.items():
+        got = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        if got != pins[file_name]:
+            raise FetchError(f"refusing migration {file_name}: sha256 {got} does not match the pin {pins[file_name]}")
 
 
 def _destination(member: tarfile.TarInfo) -> str | None:
@@ -94,6 +176,11 @@ def _extract(tarball: Path, target: Path) -> int:
     count = 0
     with tarfile.open(tarball, "r:gz") as tar:
         for member in tar:
+            if member.isfile() and member.name == _SQL_SCRIPTS_MEMBER:
+                scripts = tar.extractfile(member)
+                if scripts is not None:
+                    count += _write_sql(scripts.read().decode("utf-8"), target)
+                continue
             rel = _destination(member)
             if rel is None:
                 continue
@@ -127,7 +214,8 @@ def fetch() -> str:
         staging = Path(tempfile.mkdtemp(prefix="._upstream-", dir=final.parent))
         try:
             count = _extract(tarball, staging)
-            if not any((staging / "commands").glob("*.lua")) or not any((staging / "ready").glob("*.js")):
+            if (not any((staging / "commands").glob("*.lua")) or not any((staging / "ready").glob("*.js"))
+                    or not any((staging / "postgres" / "migrations").glob("*.sql"))):
                 raise FetchError(f"{tarball.name} does not contain the expected dist/cjs scripts")
             (staging / "VERSION").write_text(upstream.UPSTREAM_VERSION + "\n", encoding="utf-8")
             if final.exists():

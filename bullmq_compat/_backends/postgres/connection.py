@@ -1,0 +1,248 @@
+"""A PostgreSQL connection as Node's ``PostgresConnection``: a pool for queries, LISTEN sessions apart.
+
+Every connection we open starts with ``options=-c search_path="<schema>"`` (the LISTEN ones too:
+upstream's relay functions resolve names through it) and autocommit, so each upstream command is
+its own transaction. A pool passed in by the user is used as it is (its connections must already
+reach the schema, e.g. ``kwargs={"options": '-c search_path="bullmq"'}``) and is never closed here.
+
+Only a LISTEN session is named (``application_name``): ``<queue>`` or ``<queue>:w:<worker>`` for a
+worker, ``<queue>:qe`` for QueueEvents -- what Node's getWorkers / getQueueEvents look for in
+``get_client_list``. Producers stay unnamed.
+
+>>> conn = PostgresConnection("postgresql://postgres@127.0.0.1/test", schema="bullmq", migrate=True)
+>>> await conn.connect()
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING, Any, AsyncIterator, Optional, Sequence, Union
+
+from bullmq_compat._errors import InvalidArgument, PostgresUnavailable
+from bullmq_compat._backends.postgres import migrator, sql
+from bullmq_compat._backends.postgres.driver import load_psycopg, mask_password
+
+if TYPE_CHECKING:
+    import psycopg
+    import psycopg_pool
+
+#: idle seconds before the first TCP keepalive probe on a LISTEN session (Node: 10 s)
+LISTEN_KEEPALIVE_IDLE_S = 10
+POOL_MAX_SIZE = 10  # node-postgres' Pool default
+
+
+def _is_pool(value: Any) -> bool:
+    try:
+        import psycopg_pool
+    except ImportError:
+        return False
+    return isinstance(value, psycopg_pool.AsyncConnectionPool)
+
+
+def _is_connection(value: Any) -> bool:
+    try:
+        import psycopg
+    except ImportError:
+        return False
+    return isinstance(value, psycopg.AsyncConnection)
+
+
+def _unavailable(where: str, err: BaseException, secret: Optional[str]) -> PostgresUnavailable:
+    reason = str(err).strip().replace("\n", " ")
+    if secret:
+        reason = reason.replace(secret, "***")
+    return PostgresUnavailable(f"could not connect to PostgreSQL at {where}: {reason}")
+
+
+def _connect_kwargs(url: str, schema: str) -> tuple[dict[str, Any], Optional[str]]:
+    """(keyword arguments for psycopg's connect, the password to scrub from messages)."""
+    psycopg, _ = load_psycopg()
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError as err:
+        raise InvalidArgument(f"connection={mask_password(url)!r} is not a PostgreSQL connection string "
+                              f"({str(err).strip()})") from None
+    search_path = f"-c search_path={migrator.quote_schema_name(schema)}"
+    existing = params.get("options")
+    params["options"] = f"{existing} {search_path}" if existing else search_path
+    password = params.get("password")
+    return params, str(password) if password else None
+
+
+@contextlib.asynccontextmanager
+async def session(url_or_pool: Any) -> AsyncIterator["psycopg.AsyncConnection[Any]"]:
+    """One idle session: a new autocommit connection for a URL (closed after), one borrowed from
+    a pool, or the connection itself."""
+    psycopg, _ = load_psycopg()
+    if isinstance(url_or_pool, str):
+        try:
+            params = psycopg.conninfo.conninfo_to_dict(url_or_pool)
+        except psycopg.ProgrammingError as err:
+            raise InvalidArgument(f"connection={mask_password(url_or_pool)!r} is not a PostgreSQL "
+                                  f"connection string ({str(err).strip()})") from None
+        try:
+            conn = await psycopg.AsyncConnection.connect(**params, autocommit=True)
+        except psycopg.OperationalError as err:
+            raise _unavailable(mask_password(url_or_pool), err, params.get("password")) from None
+        try:
+            yield conn
+        finally:
+            await conn.close()
+    elif _is_pool(url_or_pool):
+        async with url_or_pool.connection() as conn:
+            yield conn
+    elif _is_connection(url_or_pool):
+        yield url_or_pool
+    else:
+        raise InvalidArgument(f"connection={url_or_pool!r} must be a postgresql:// URL, a "
+                              "psycopg_pool.AsyncConnectionPool or a psycopg.AsyncConnection")
+
+
+class PostgresConnection:
+    """The pool and LISTEN sessions of one Queue / Worker / QueueEvents (and its `for_queue` siblings).
+
+    ``connection`` is a ``postgresql://`` URL (we own and close the pool) or a
+    ``psycopg_pool.AsyncConnectionPool`` (the user's: used as is, never closed). With
+    ``migrate=True`` `connect` runs the migrations; otherwise it makes Node's read-only check,
+    which refuses a schema that is missing, too new or (beyond Node) older than the bundle.
+    """
+
+    def __init__(self, connection: Union[str, "psycopg_pool.AsyncConnectionPool[Any]"], *,
+                 schema: str = migrator.DEFAULT_SCHEMA, migrate: bool = False,
+                 max_size: int = POOL_MAX_SIZE) -> None:
+        migrator.quote_schema_name(schema)  # a bad name fails here, before any connection
+        self.schema = schema
+        self.migrate = migrate
+        self._ready: Optional[asyncio.Task[int]] = None
+        self._closed = False
+        self._listeners: list[tuple["psycopg.AsyncConnection[Any]", bool]] = []
+        self.schema_version = 0
+        if isinstance(connection, str):
+            self._params, self._secret = _connect_kwargs(connection, schema)
+            self.where = mask_password(connection)
+            self._pool: Optional["psycopg_pool.AsyncConnectionPool[Any]"] = None
+            self._owns_pool = True
+            self._max_size = max_size
+        elif _is_pool(connection):
+            self._params, self._secret = {}, None
+            self.where = f"{type(connection).__name__}({connection.name!r})"
+            self._pool = connection
+            self._owns_pool = False
+        else:
+            load_psycopg()  # without psycopg, say what to install rather than what was passed
+            raise InvalidArgument(f"connection={connection!r} must be a postgresql:// URL or a "
+                                  "psycopg_pool.AsyncConnectionPool")
+
+    @property
+    def description(self) -> str:
+        """``<url without password> (schema <name>)``, for messages."""
+        return f"{self.where} (schema {self.schema})"
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def connect(self) -> int:
+        """Reach the server and check (or migrate) the schema, once; returns the schema version."""
+        if self._ready is None or (self._ready.done() and self._ready.exception() is not None):
+            self._ready = asyncio.ensure_future(self._bootstrap())
+        return await asyncio.shield(self._ready)
+
+    async def _bootstrap(self) -> int:
+        psycopg, psycopg_pool = load_psycopg()
+        if self._owns_pool:
+            try:
+                conn = await psycopg.AsyncConnection.connect(**self._params, autocommit=True)
+            except psycopg.OperationalError as err:
+                raise _unavailable(self.where, err, self._secret) from None
+            try:
+                version = await self._check(conn)
+            finally:
+                await conn.close()
+            if self._pool is None:
+                pool = psycopg_pool.AsyncConnectionPool(
+                    kwargs={**self._params, "autocommit": True}, min_size=1, max_size=self._max_size,
+                    open=False, name=f"bullmq:{self.schema}")
+                await pool.open(wait=False)
+                self._pool = pool
+        else:
+            assert self._pool is not None
+            try:
+                async with self._pool.connection() as conn:
+                    version = await self._check(conn)
+            except psycopg_pool.PoolTimeout as err:
+                raise _unavailable(self.where, err, None) from None
+        self.schema_version = version
+        return version
+
+    async def _check(self, conn: "psycopg.AsyncConnection[Any]") -> int:
+        if self.migrate:
+            return await migrator.run_migrations(conn, self.schema)
+        return await migrator.check_schema(conn, self.schema)
+
+    @property
+    def pool(self) -> "psycopg_pool.AsyncConnectionPool[Any]":
+        if self._pool is None:
+            raise RuntimeError("PostgresConnection.connect() has not been awaited yet")
+        return self._pool
+
+    async def run(self, name: str, params: Sequence[Any] = ()) -> sql.Result:
+        """Run upstream's command ``name`` on a pooled connection."""
+        return await self.execute(sql.command(name), params)
+
+    async def execute(self, text: str, params: Sequence[Any] = ()) -> sql.Result:
+        if self._pool is None:
+            await self.connect()
+        async with self.pool.connection() as conn:
+            return await sql.execute(conn, text, params)
+
+    async def open_listen_session(self, application_name: Optional[str] = None
+                                  ) -> "psycopg.AsyncConnection[Any]":
+        """A dedicated autocommit session for LISTEN, with TCP keepalive, named ``application_name``.
+
+        Our own connection when we own the pool (it never takes a pool slot); one borrowed from the
+        user's pool otherwise (returned, closed, by `close_listen_session`).
+        """
+        pg, _ = load_psycopg()
+        await self.connect()
+        conn: "psycopg.AsyncConnection[Any]"
+        if self._owns_pool:
+            extra: dict[str, Any] = {"keepalives": 1, "keepalives_idle": LISTEN_KEEPALIVE_IDLE_S}
+            if application_name:
+                extra["application_name"] = application_name
+            try:
+                conn = await pg.AsyncConnection.connect(**{**self._params, **extra}, autocommit=True)
+            except pg.OperationalError as err:
+                raise _unavailable(self.where, err, self._secret) from None
+            self._listeners.append((conn, True))
+        else:
+            conn = await self.pool.getconn()
+            self._listeners.append((conn, False))
+            if not conn.autocommit:
+                await conn.set_autocommit(True)
+            if application_name:
+                await sql.execute(conn, "SELECT set_config('application_name', $1, false)", [application_name])
+        return conn
+
+    async def close_listen_session(self, conn: "psycopg.AsyncConnection[Any]") -> None:
+        for index, (held, own) in enumerate(self._listeners):
+            if held is conn:
+                del self._listeners[index]
+                await conn.close()
+                if not own and self._pool is not None:
+                    await self._pool.putconn(conn)  # closed: the pool discards it, no session state leaks
+                return
+
+    async def close(self) -> None:
+        """Close the LISTEN sessions and, when we own it, the pool. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._ready is not None and not self._ready.done():
+            self._ready.cancel()
+            with contextlib.suppress(BaseException):
+                await self._ready
+        for conn, _own in list(self._listeners):
+            await self.close_listen_session(conn)
+        if self._owns_pool and self._pool is not None:
+            await self._pool.close()

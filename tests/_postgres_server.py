@@ -1,0 +1,110 @@
+"""Where the tests get a PostgreSQL: POSTGRES_URL, the local server on 5432, or a cluster of our own.
+
+Tests never clutter a database they did not create: each test gets a schema of its own
+(the ``pg_schema`` fixture in conftest.py) and drops it afterwards.
+"""
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from typing import Iterator
+
+LOCAL_URL = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _answers(url: str) -> bool:
+    import psycopg
+
+    try:
+        with psycopg.connect(url, connect_timeout=2) as conn:
+            conn.execute("SELECT 1")
+        return True
+    except psycopg.Error:
+        return False
+
+
+def _binary(name: str) -> str:
+    found = shutil.which(name)
+    if found:
+        return found
+    for candidate in sorted(glob.glob("/usr/lib/postgresql/*/bin/" + name), reverse=True):
+        return candidate
+    raise RuntimeError(f"{name} is not on PATH: install PostgreSQL (apt-get install postgresql, or "
+                       "`make setup`) or set POSTGRES_URL")
+
+
+class PostgresServer:
+    """A throw-away cluster (initdb + pg_ctl) on a free loopback port, in a temporary directory.
+
+    initdb refuses to run as root, so as root the cluster is made and run as the ``postgres`` OS user.
+    """
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="bullmq-compat-pg-")
+        self.data = os.path.join(self.dir, "data")
+        self._as_postgres = os.geteuid() == 0
+        if self._as_postgres:
+            shutil.chown(self.dir, "postgres")
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, *argv: str) -> None:
+        command = list(argv)
+        if self._as_postgres:
+            if shutil.which("runuser"):
+                command = ["runuser", "-u", "postgres", "--", *argv]
+            elif shutil.which("su"):
+                command = ["su", "postgres", "-s", "/bin/sh", "-c", shlex.join(argv)]
+            else:
+                raise RuntimeError("running as root without runuser or su: cannot run initdb as 'postgres'")
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def start(self) -> "PostgresServer":
+        self._run(_binary("initdb"), "-D", self.data, "-U", "postgres", "--auth=trust", "-E", "UTF8",
+                  "--no-sync")
+        self._run(_binary("pg_ctl"), "-D", self.data, "-w", "-l", os.path.join(self.dir, "log"), "-o",
+                  f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir} -c fsync=off", "start")
+        deadline = time.monotonic() + 20
+        while not _answers(self.url):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the test PostgreSQL did not start on port {self.port}")
+            time.sleep(0.1)
+        return self
+
+    def stop(self) -> None:
+        with contextlib.suppress(subprocess.CalledProcessError, RuntimeError):
+            self._run(_binary("pg_ctl"), "-D", self.data, "-m", "fast", "-w", "stop")
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def postgres_for_tests() -> Iterator[str]:
+    """Yield a PostgreSQL URL for the test session, starting (and later stopping) a cluster when needed."""
+    url = os.environ.get("POSTGRES_URL")
+    if url:
+        yield url
+        return
+    if _answers(LOCAL_URL):
+        yield LOCAL_URL
+        return
+    server = PostgresServer().start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
