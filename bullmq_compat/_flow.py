@@ -20,7 +20,9 @@ from bullmq_compat._backends.base import NewJob
 from bullmq_compat._errors import BullMQCompatError, InvalidArgument, InvalidJobOptions, script_error
 from bullmq_compat._job import Job
 from bullmq_compat._queue import Connection, Queue, check_prefix, check_queue_name
-from bullmq_compat._telemetry import BULK_COUNT, BULK_NAMES, FLOW_NAME, JOB_ID, JOB_NAME, SpanKind, Telemetry, resolve
+from opentelemetry.trace import SpanKind
+
+from bullmq_compat._telemetry import BULK_COUNT, BULK_NAMES, FLOW_NAME, JOB_ID, JOB_NAME, Telemetry, resolve
 from bullmq_compat._wire.options import merge_defaults, normalize_job_options
 
 _NODE_KEYS = {"name", "queue_name", "queueName", "data", "opts", "children", "prefix"}

@@ -229,7 +229,7 @@ class Job(FlowJobMixin):
 
     async def remove(self, remove_children: bool = True) -> None:
         """Remove the job (and, by default, its children), as Node's `job.remove()`."""
-        removed = await self.queue.remove(str(self.id), remove_children=remove_children)
+        removed = await self._backend.remove(str(self.id), remove_children)
         if not removed:
             raise BullMQCompatError(
                 f"Job {self.id} could not be removed because it is locked by another worker")
@@ -268,7 +268,8 @@ class Job(FlowJobMixin):
         self.priority = priority
 
     async def get_logs(self, start: int = 0, end: int = -1, asc: bool = True) -> dict[str, Any]:
-        return await self.queue.get_job_logs(str(self.id), start, end, asc)
+        logs, count = await self._backend.get_job_logs(str(self.id), start, end, asc)
+        return {"logs": logs, "count": count}
 
     # -- finishing (what a worker does; also usable by hand with a token) --------------------------
     async def _channel(self) -> Any:

@@ -9,7 +9,7 @@ from opentelemetry.trace import SpanKind
 
 from bullmq_compat import _telemetry as telemetry_attrs
 from bullmq_compat._backends import open_backend
-from bullmq_compat._backends.base import NewJob, QueueBackend
+from bullmq_compat._backends.base import NewJob, QueueBackend, WorkerChannel, WorkerSettings
 from bullmq_compat._errors import InvalidArgument, InvalidQueueName, script_error
 from bullmq_compat._events import EventEmitter
 from bullmq_compat._groups import (
@@ -68,6 +68,7 @@ class QueueBase(EventEmitter):
         self.backend: QueueBackend = backend or open_backend(
             self.name, connection, prefix=self.prefix, schema=schema, migrate=migrate)
         self._owns_backend = backend is None
+        self._plain_channel: Optional[WorkerChannel] = None
         self._ready: Optional[asyncio.Future[None]] = None
         self.closing = False
 
@@ -97,13 +98,11 @@ class QueueBase(EventEmitter):
         """Send one finishing call (a Worker sends it again through connection trouble)."""
         return await send()
 
-    async def worker_channel(self) -> Any:
+    async def worker_channel(self) -> WorkerChannel:
         """The channel finishing calls go through; a Queue opens a plain one on first use."""
         await self.wait_until_ready()
-        channel = getattr(self, "_plain_channel", None)
+        channel = self._plain_channel
         if channel is None:
-            from bullmq_compat._backends.base import WorkerSettings
-
             channel = await self.backend.open_worker_channel(WorkerSettings(), self.client_name(), fast=False)
             self._plain_channel = channel
         return channel
@@ -124,7 +123,7 @@ class QueueBase(EventEmitter):
     async def close(self) -> None:
         """Close the connections this object opened (a client passed as ``connection=`` stays open)."""
         self.closing = True
-        channel = getattr(self, "_plain_channel", None)
+        channel = self._plain_channel
         if channel is not None:
             self._plain_channel = None
             await channel.close()

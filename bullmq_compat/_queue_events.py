@@ -195,7 +195,7 @@ class QueueEvents(QueueBase):
         if self._reader is None:
             self._reader = await self.backend.open_events_reader(self.client_name(QUEUE_EVENT_SUFFIX))
         # errors after which the read is retried (the datastore restarted, the network is gone)
-        transient = (*self.backend.transient_errors, asyncio.TimeoutError)
+        transient: tuple[type[BaseException], ...] = (*self.backend.transient_errors, asyncio.TimeoutError)
         pause = _FIRST_RETRY_S
         while not self.closing:
             try:

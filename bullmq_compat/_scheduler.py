@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 from bullmq_compat._cron import _zone, next_cron_millis, parse_cron
 from bullmq_compat._errors import BullMQCompatError, InvalidArgument, InvalidJobOptions, script_error
 from bullmq_compat._job import Job
-from bullmq_compat._telemetry import JOB_ID, JOB_SCHEDULER_ID, SpanKind
+from opentelemetry.trace import SpanKind
+
+from bullmq_compat._telemetry import JOB_ID, JOB_SCHEDULER_ID
 from bullmq_compat._wire import codec
 from bullmq_compat._wire.options import JOB_OPTIONS, from_wire, normalize_job_options, to_wire
 
@@ -288,12 +290,12 @@ class JobSchedulerMixin:
     async def get_job_schedulers_count(self: Any) -> int:
         """How many job schedulers the queue has."""
         await self.wait_until_ready()
-        return await self.backend.get_job_schedulers_count()
+        return int(await self.backend.get_job_schedulers_count())
 
     async def remove_job_scheduler(self: Any, job_scheduler_id: str) -> bool:
         """Remove the scheduler and its next (delayed) job; True when there was one."""
         await self.wait_until_ready()
-        return await self.backend.remove_job_scheduler(job_scheduler_id)
+        return bool(await self.backend.remove_job_scheduler(job_scheduler_id))
 
 
 async def _upsert(queue: "QueueBase", scheduler_id: str, repeat: dict[str, Any], name: str, data: Any,

@@ -80,7 +80,7 @@ def load_processor(path: str) -> Callable[..., Any]:
             raise InvalidArgument(f"processor={path!r}: {module_name!r} has no attribute {attr!r}")
     if not callable(target):
         raise InvalidArgument(f"processor={path!r} is not callable")
-    return target
+    return target  # type: ignore[no-any-return]
 
 
 def _wants_token(fn: Callable[..., Any]) -> bool:
@@ -133,7 +133,7 @@ class Worker(LockKeepingMixin, QueueBase):
                                                          ("remove_on_fail", remove_on_fail)) if v is not None})
         self.remove_on_complete = keep.get("removeOnComplete")
         self.remove_on_fail = keep.get("removeOnFail")
-        max_points = ""
+        max_points: Any = ""
         if metrics:
             max_points = _positive_int("metrics.max_data_points",
                                        metrics.get("max_data_points", metrics.get("maxDataPoints")))
@@ -250,14 +250,14 @@ class Worker(LockKeepingMixin, QueueBase):
             try:
                 await self._ensure_channel()
                 break
-            except (RedisUnavailable, *self.backend.transient_errors) as err:
+            except (RedisUnavailable, *self.backend.transient_errors) as err:  # type: ignore[misc]
                 if self.closing:
                     self._running = False
                     return
                 await self._sleep(self._connection_trouble(err))
         self._connection_ok()
         loop = asyncio.get_running_loop()
-        installed: list[int] = []
+        installed: list[signal.Signals] = []
         if handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 try:
@@ -281,7 +281,7 @@ class Worker(LockKeepingMixin, QueueBase):
                 loop.remove_signal_handler(sig)
             self._running = False
 
-    def _on_signal(self, sig: int) -> None:
+    def _on_signal(self, sig: signal.Signals) -> None:
         logger.info("worker %s got %s: finishing active jobs, then stopping", self.name, signal.Signals(sig).name)
         asyncio.ensure_future(self.close())
 
@@ -543,7 +543,7 @@ class Worker(LockKeepingMixin, QueueBase):
         payload["queue_name"] = self.name
         try:
             return await asyncio.get_running_loop().run_in_executor(
-                self._process_pool, run_in_child, self._processor_path, payload)
+                self._process_pool, run_in_child, self._processor_path or "", payload)
         except concurrent.futures.process.BrokenProcessPool:
             self._process_pool.shutdown(wait=False, cancel_futures=True)
             self._process_pool = None

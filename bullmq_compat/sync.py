@@ -139,7 +139,8 @@ class Job(_Proxy):
 
     @classmethod
     def from_id(cls, queue: Queue, job_id: str) -> Optional["Job"]:
-        return queue.get_job(job_id)
+        job: Optional[Job] = queue.get_job(job_id)
+        return job
 
 
 class QueueEvents(_Proxy):

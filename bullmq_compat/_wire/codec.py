@@ -48,7 +48,8 @@ def loads(text: str) -> Any:
 
 def pack(value: Any) -> bytes:
     """msgpack as upstream's msgpackr packs script arguments (str as str, None as nil)."""
-    return msgpack.packb(value, use_bin_type=True)
+    packed: bytes = msgpack.packb(value, use_bin_type=True)
+    return packed
 
 
 def _short(value: Any) -> str:

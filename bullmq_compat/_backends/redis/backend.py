@@ -144,8 +144,8 @@ class RedisBackend(QueueBackend):
         """Hot script calls (adds) in one round trip, on the fast channel where it serves."""
         channel = await self.fast_channel()
         if channel is None:
-            return await self.runner.call_many(list(calls))
-        return await channel.call_many(list(calls), raise_errors=False)
+            return list(await self.runner.call_many(list(calls)))
+        return list(await channel.call_many(list(calls), raise_errors=False))
 
     async def _run(self, script: Any, keys: list[Any], args: list[Any], *, job_id: str = "",
                    state: str = "", command: str = "") -> Any:
@@ -706,7 +706,7 @@ class RedisWorkerChannel(WorkerChannel):
         reply = await self.channel.call(self.calls.move_to_waiting_children(job_id, token, now, child_key))
         if isinstance(reply, int) and reply < 0:
             raise script_error(reply, job_id=job_id, command="moveToWaitingChildren", state="active")
-        return reply == 0
+        return bool(reply == 0)
 
     async def wait_for_job(self, timeout: float) -> Optional[tuple[str, float]]:
         return await self.channel.wait_marker(self.backend.keys.marker, timeout)

@@ -95,7 +95,7 @@ class ConnectionLost(ConnectionError, _redis_exc.ConnectionError):
     """
 
     status_code = None
-    error_type = getattr(getattr(_redis_exc, "ExceptionType", None), "NETWORK", None)
+    error_type = getattr(getattr(_redis_exc, "ExceptionType", None), "NETWORK", None)  # type: ignore[assignment]
 
     def __init__(self, message: str) -> None:
         ConnectionError.__init__(self, message)
@@ -156,7 +156,7 @@ def _coerce(arg: Any) -> bytes:
     raise TypeError(f"{type(arg).__name__} is not a Redis argument: pass bytes, str, int or float")
 
 
-def _encode_into(out: list, args: tuple) -> None:
+def _encode_into(out: list[bytes], args: tuple[Any, ...]) -> None:
     """Append the RESP2 multibulk encoding of `args` to `out` (as several chunks)."""
     ap = out.append
     n = len(args)
@@ -186,7 +186,7 @@ def _encode_into(out: list, args: tuple) -> None:
 
 def encode_command(*args: Any) -> bytes:
     """The RESP2 encoding of one command (for tests and tools)."""
-    out: list = []
+    out: list[bytes] = []
     _encode_into(out, args)
     return b"".join(out)
 
@@ -212,17 +212,17 @@ class FastConnection(asyncio.Protocol):
         self._reader = (hiredis.Reader(replyError=ReplyError, notEnoughData=False, encoding="utf-8",
                                        errors="replace")
                         if decode else hiredis.Reader(replyError=ReplyError, notEnoughData=False))
-        self._pending: collections.deque[asyncio.Future] = collections.deque()
+        self._pending: collections.deque[asyncio.Future[Any]] = collections.deque()
         self._wbuf: list[bytes] = []
         self._unflushed = 0
         self._flush_scheduled = False
         self._paused = False
-        self._drain_waiters: list[asyncio.Future] = []
+        self._drain_waiters: list[asyncio.Future[None]] = []
         # Set once the connection can take no more commands; its text is what
         # every later future fails with.
         self._lost_reason: Optional[str] = None
         self._lost_cause: Optional[BaseException] = None
-        self._closed_fut: asyncio.Future = loop.create_future()
+        self._closed_fut: asyncio.Future[None] = loop.create_future()
 
     # ------------------------------------------------------------------ opening
 
@@ -283,9 +283,9 @@ class FastConnection(asyncio.Protocol):
 
     async def _handshake(self, *, db: int, username: Optional[str], password: Optional[str],
                          client_name: Optional[str]) -> None:
-        steps: list[tuple[str, asyncio.Future]] = []
+        steps: list[tuple[str, asyncio.Future[Any]]] = []
         if password is not None or username is not None:
-            args: tuple = ("AUTH", username, password or "") if username else ("AUTH", password)
+            args: tuple[Any, ...] = ("AUTH", username, password or "") if username else ("AUTH", password)
             steps.append(("AUTH", self.execute(*args)))
         if db:
             steps.append((f"SELECT {int(db)}", self.execute("SELECT", int(db))))
@@ -331,11 +331,11 @@ class FastConnection(asyncio.Protocol):
         try:
             from redis.asyncio.cluster import RedisCluster as _AsyncCluster
         except ImportError:  # pragma: no cover
-            _AsyncCluster = ()  # type: ignore[assignment]
+            _AsyncCluster = ()  # type: ignore[assignment,misc]
         try:
             from redis.cluster import RedisCluster as _SyncCluster
         except ImportError:  # pragma: no cover
-            _SyncCluster = ()  # type: ignore[assignment]
+            _SyncCluster = ()  # type: ignore[assignment,misc]
         if isinstance(client, (_AsyncCluster, _SyncCluster)):
             raise FastPathUnavailable("Redis Cluster clients are not served by the fast connection")
         pool = getattr(client, "connection_pool", None)
@@ -396,7 +396,7 @@ class FastConnection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ commands
 
-    def execute(self, *args: Any) -> asyncio.Future:
+    def execute(self, *args: Any) -> asyncio.Future[Any]:
         """Queue one command; return the future of its reply (bytes/int/None/list, or a
         `ReplyError` / `ConnectionLost` exception).  Never blocks, never raises for
         connection trouble (the future carries it); raises `TypeError` for an
@@ -425,7 +425,7 @@ class FastConnection(asyncio.Protocol):
             self._loop.call_soon(self._flush)
         return fut
 
-    def execute_many(self, commands: Iterable[tuple]) -> list[asyncio.Future]:
+    def execute_many(self, commands: Iterable[tuple[Any, ...]]) -> list[asyncio.Future[Any]]:
         """`execute` for each command tuple, in order; all go out in the same write."""
         ex = self.execute
         return [ex(*cmd) for cmd in commands]
