@@ -1,11 +1,15 @@
 """`make demo`: a Node producer, a Python worker and Bull-Board on http://127.0.0.1:3000.
 
-Uses the Redis at REDIS_URL, else 127.0.0.1:6379 when one answers, else starts a redis-server
-of its own. Ctrl-C stops everything it started.
+``DEMO_BACKEND=redis`` (the default) uses the Redis at REDIS_URL, else 127.0.0.1:6379 when one
+answers, else starts a redis-server of its own. ``DEMO_BACKEND=postgres`` uses the PostgreSQL at
+POSTGRES_URL, else 127.0.0.1:5432 (user postgres, database test), in the schema DEMO_SCHEMA
+(default ``bullmq_demo``, migrated as Node's runMigrations does). It stops with an error when the
+board's port (DEMO_PORT, default 3000) is already taken. Ctrl-C stops everything it started.
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -20,6 +24,31 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 QUEUE = os.environ.get("DEMO_QUEUE", "demo")
 PORT = int(os.environ.get("DEMO_PORT", "3000"))
+BACKEND = os.environ.get("DEMO_BACKEND", "redis")
+SCHEMA = os.environ.get("DEMO_SCHEMA", "bullmq_demo")
+DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def port_taken(port: int) -> bool:
+    """Whether something already listens on 127.0.0.1:``port`` (the board would not be ours)."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def redact(url: str) -> str:
+    """The URL with its password, if any, replaced by *** (the banner is often copied into chats)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[-1]}"))
 
 
 def _answers(host: str, port: int) -> bool:
@@ -60,31 +89,60 @@ async def process(job):
     return {"done": job.name, "by": "python"}
 
 
+def connection_args(url: str) -> dict[str, object]:
+    """The interop scripts' connection fields (interop/backend.js) for the demo's datastore."""
+    if BACKEND == "postgres":
+        return {"postgres": url, "schema": SCHEMA, "migrate": True}
+    return {"redis": url}
+
+
 async def run_worker(url: str) -> None:
     from bullmq_compat import Queue, Worker
 
-    queue = Queue(QUEUE, url)
+    pg = {"schema": SCHEMA} if BACKEND == "postgres" else {}
+    queue = Queue(QUEUE, url, **pg)  # type: ignore[arg-type]
     await queue.obliterate(force=True)  # a fresh demo each run (only the demo queue)
     await queue.close()
-    producer = await asyncio.create_subprocess_exec("node", str(ROOT / "interop" / "demo_producer.js"), url, QUEUE,
+    args = json.dumps({**connection_args(url), "queue": QUEUE})
+    producer = await asyncio.create_subprocess_exec("node", str(ROOT / "interop" / "demo_producer.js"), args,
                                                     cwd=str(ROOT))
     if await producer.wait() != 0:
         raise SystemExit("the Node producer failed")
-    worker = Worker(QUEUE, process, url, name="python-demo-worker", concurrency=4)
+    worker = Worker(QUEUE, process, url, name="python-demo-worker", concurrency=4, **pg)  # type: ignore[arg-type]
     worker.on("completed", lambda job, result: print(f"  completed {job.name} #{job.id}"))
     worker.on("failed", lambda job, err: print(f"  failed    {job.name} #{job.id}: {err}"))
     await worker.run()
 
 
+def postgres_url() -> str:
+    url = os.environ.get("POSTGRES_URL", DEFAULT_POSTGRES)
+    from bullmq_compat import migrate_postgres
+
+    asyncio.run(migrate_postgres(url, schema=SCHEMA))
+    return url
+
+
 def main() -> int:
+    if BACKEND not in ("redis", "postgres"):
+        print(f"DEMO_BACKEND={BACKEND!r} must be 'redis' or 'postgres'", file=sys.stderr)
+        return 2
+    if port_taken(PORT):
+        print(f"port {PORT} on 127.0.0.1 is already in use, so Bull-Board cannot listen there: stop what "
+              f"uses it or pick another port with DEMO_PORT=...", file=sys.stderr)
+        return 2
     started: list[subprocess.Popen[bytes]] = []
     try:
-        url = redis_url(started)
-        board = subprocess.Popen(["node", str(ROOT / "interop" / "board.js"), "--redis", url, "--port", str(PORT),
+        url = postgres_url() if BACKEND == "postgres" else redis_url(started)
+        where = (["--postgres", url, "--schema", SCHEMA] if BACKEND == "postgres" else ["--redis", url])
+        board = subprocess.Popen(["node", str(ROOT / "interop" / "board.js"), *where, "--port", str(PORT),
                                   "--queue", QUEUE], cwd=ROOT, stdout=subprocess.PIPE)
         started.append(board)
-        board.stdout.readline()  # {"listening": ...}
-        print(f"Redis:      {url}")
+        line = board.stdout.readline() if board.stdout else b""  # {"listening": ...}
+        if not line:
+            print(f"Bull-Board did not start (exit {board.wait()}); see its output above", file=sys.stderr)
+            return 2
+        label = "PostgreSQL" if BACKEND == "postgres" else "Redis"
+        print(f"{label + ':':<11} {redact(url)}" + (f" (schema {SCHEMA})" if BACKEND == "postgres" else ""))
         print(f"Bull-Board: http://127.0.0.1:{PORT}/  (queue {QUEUE!r}; Ctrl-C stops the demo)")
         asyncio.run(run_worker(url))
         return 0
