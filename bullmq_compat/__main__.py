@@ -67,13 +67,32 @@ def _table(rows: list[list[Any]], headers: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _connection(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """The connection URL and its keyword options: ``--postgres URL --schema S``, else ``--redis``."""
+    if getattr(args, "postgres", None):
+        return args.postgres, {"schema": args.schema}
+    return args.redis, {"prefix": args.prefix}
+
+
+def _where(args: argparse.Namespace) -> str:
+    from bullmq_compat._secrets import redact_url
+
+    url, _ = _connection(args)
+    return redact_url(url) + (f" (schema {args.schema})" if getattr(args, "postgres", None) else "")
+
+
 def _queue(args: argparse.Namespace, name: str) -> Any:
     from bullmq_compat._queue import Queue
 
-    return Queue(name, args.redis, prefix=args.prefix)
+    url, options = _connection(args)
+    return Queue(name, url, **options)
 
 
 async def _discover_queues(args: argparse.Namespace) -> list[str]:
+    if getattr(args, "postgres", None):
+        from bullmq_compat._backends.postgres import discover_queues as discover_on_postgres
+
+        return await discover_on_postgres(args.postgres, args.schema)
     from bullmq_compat._backends.redis.backend import discover_queues
 
     return await discover_queues(args.redis, args.prefix)
@@ -82,7 +101,8 @@ async def _discover_queues(args: argparse.Namespace) -> list[str]:
 async def cmd_info(args: argparse.Namespace) -> int:
     queues = args.queue or await _discover_queues(args)
     if not queues:
-        print(f"no queues under prefix {args.prefix!r} at {args.redis}")
+        print(f"no queues {'' if getattr(args, 'postgres', None) else f'under prefix {args.prefix!r} '}"
+              f"at {_where(args)}")
         return 0
     for name in queues:
         queue = _queue(args, name)
@@ -91,7 +111,7 @@ async def cmd_info(args: argparse.Namespace) -> int:
             paused = await queue.is_paused()
             print(f"queue {name}{' (paused)' if paused else ''}")
             print(_table([[state, n] for state, n in counts.items()], ["state", "jobs"]))
-            groups = await queue.get_groups()
+            groups = await queue.get_groups() if queue.backend.kind == "redis" else []
             if groups:
                 print()
                 print(_table([[g["id"], g["waiting"], g["running"], "yes" if g["paused"] else "", g["concurrency"]]
@@ -184,8 +204,9 @@ async def cmd_pause(args: argparse.Namespace) -> int:
 async def cmd_worker(args: argparse.Namespace) -> int:
     from bullmq_compat._worker import Worker
 
-    worker = Worker(args.queue, args.processor, args.redis, prefix=args.prefix, concurrency=args.concurrency,
-                    name=args.name, use_processes=args.processes)
+    url, options = _connection(args)
+    worker = Worker(args.queue, args.processor, url, concurrency=args.concurrency,
+                    name=args.name, use_processes=args.processes, **options)
     print(f"worker {args.name or worker.id} processing {args.queue} with {args.processor} "
           f"(concurrency {args.concurrency}); SIGTERM or Ctrl-C stops it gracefully", flush=True)
     await worker.run()
@@ -214,10 +235,25 @@ def cmd_board(args: argparse.Namespace) -> int:
     script = REPO_ROOT / "interop" / "board.js"
     if not (REPO_ROOT / "interop" / "node_modules").is_dir() or shutil.which("node") is None:
         raise CliError("Bull-Board needs Node.js and interop/node_modules: run 'make setup' in the repository")
-    argv = ["node", str(script), "--redis", args.redis, "--port", str(args.port), "--prefix", args.prefix]
+    if getattr(args, "postgres", None):
+        where = ["--postgres", args.postgres, "--schema", args.schema]
+    else:
+        where = ["--redis", args.redis, "--prefix", args.prefix]
+    argv = ["node", str(script), *where, "--port", str(args.port)]
     for name in args.queue:
         argv += ["--queue", name]
     return subprocess.call(argv)
+
+
+async def cmd_migrate(args: argparse.Namespace) -> int:
+    """Node's runMigrations on ``--postgres URL --schema S``: prints the schema version."""
+    from bullmq_compat import migrate_postgres
+
+    if not args.postgres:
+        raise CliError("migrate needs --postgres URL (and --schema, default bullmq)")
+    version = await migrate_postgres(args.postgres, schema=args.schema)
+    print(f"schema {args.schema} at {_where(args)} is at version {version}")
+    return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -244,6 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--redis", default=DEFAULT_REDIS, help=f"Redis URL (default {DEFAULT_REDIS})")
     common.add_argument("--prefix", default="bull", help="key prefix (default bull)")
+    common.add_argument("--postgres", default=None,
+                        help="a postgresql:// URL: the queues are on PostgreSQL (Node BullMQ's backend), not Redis")
+    common.add_argument("--schema", default="bullmq", help="the PostgreSQL schema of the queues (default bullmq)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("worker", parents=[common], help="run a worker: bullmq-compat worker pkg.mod:fn --queue Q")
@@ -292,6 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queue", action="append", required=True)
     p.add_argument("--port", type=int, default=3000)
     p.set_defaults(run=cmd_board)
+
+    p = sub.add_parser("migrate", parents=[common], help="create or upgrade a PostgreSQL schema (Node's migrations)")
+    p.set_defaults(run=cmd_migrate)
 
     p = sub.add_parser("bench", help="the side-by-side benchmark (scripts/bench.py)")
     p.add_argument("rest", nargs=argparse.REMAINDER)
