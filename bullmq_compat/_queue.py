@@ -154,6 +154,9 @@ class QueueBase(EventEmitter):
             await self._fast.close()
         await self._redis.close()
 
+    def __repr__(self) -> str:  # the connection as errors name it: never its password
+        return f"<{type(self).__name__} {self.qualified_name} {self._redis.description}>"
+
     async def __aenter__(self) -> "QueueBase":
         await self.wait_until_ready()
         return self

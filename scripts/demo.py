@@ -77,6 +77,8 @@ async def run_worker(url: str) -> None:
 
 
 def main() -> int:
+    from bullmq_compat._secrets import redact_url
+
     started: list[subprocess.Popen[bytes]] = []
     try:
         url = redis_url(started)
@@ -84,7 +86,7 @@ def main() -> int:
                                   "--queue", QUEUE], cwd=ROOT, stdout=subprocess.PIPE)
         started.append(board)
         board.stdout.readline()  # {"listening": ...}
-        print(f"Redis:      {url}")
+        print(f"Redis:      {redact_url(url)}")
         print(f"Bull-Board: http://127.0.0.1:{PORT}/  (queue {QUEUE!r}; Ctrl-C stops the demo)")
         asyncio.run(run_worker(url))
         return 0
