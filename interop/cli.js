@@ -6,13 +6,14 @@
 // Prints exactly one line of JSON (the result) on stdout and exits 0; on error prints
 // {"error": message, "name": err.name} and exits 1. Common fields: redis (URL), prefix
 // (default "bull"), queue, connectTimeoutMs (default 10000: fail rather than wait forever for
-// an unreachable Redis). Ops: add, addBulk, getJob, getJobs, getJobCounts, getState,
+// an unreachable Redis), caFile (for rediss://: the PEM CA the server's certificate must chain to). Ops: add, addBulk, getJob, getJobs, getJobCounts, getState,
 // queueCall, work, getJobsMany, groupAdd (see the handlers below).
 //
 // `work` with {"ready": true} additionally prints {"ready": true} as a first line once the
 // worker is connected, so a caller running it in the background knows when it is consuming.
 // SIGTERM/SIGINT end `work` early: it still prints its result (with "interrupted": true).
 
+const fs = require('node:fs');
 const IORedis = require('ioredis');
 const { Queue, Worker, Job, UnrecoverableError } = require('bullmq');
 
@@ -183,7 +184,8 @@ function connected(connection, url, timeoutMs) {
   return new Promise((resolve, reject) => {
     const timer = setTimeout(() => {
       const why = lastError ? lastError.message : `no answer in ${timeoutMs} ms`;
-      reject(new Error(`cannot connect to Redis at ${url}: ${why}`));
+      const shown = url.replace(/^([a-z]+:\/\/[^:@/]*):[^@]*@/i, '$1:***@'); // never the password
+      reject(new Error(`cannot connect to Redis at ${shown}: ${why}`));
     }, timeoutMs);
     connection.once('ready', () => { clearTimeout(timer); resolve(); });
   });
@@ -196,7 +198,8 @@ async function main() {
   if (!args.queue) throw new TypeError('"queue" is required');
   const prefix = args.prefix || 'bull';
   const url = args.redis || 'redis://127.0.0.1:6379';
-  const connection = new IORedis(url, { maxRetriesPerRequest: null });
+  const tls = args.caFile ? { tls: { ca: fs.readFileSync(args.caFile) } } : {};
+  const connection = new IORedis(url, { maxRetriesPerRequest: null, ...tls });
   let queue = null;
   try {
     await connected(connection, url, args.connectTimeoutMs || 10000);
