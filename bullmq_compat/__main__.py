@@ -17,6 +17,7 @@ from typing import Any, Optional, Sequence
 
 
 from bullmq_compat._errors import BullMQCompatError
+from bullmq_compat._secrets import redact_url, scrub, secrets_of
 
 DEFAULT_REDIS = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -223,7 +224,7 @@ async def cmd_keeper(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     tasks = [keeper.start() for keeper in keepers]
-    print(f"keeper running for {', '.join(args.queue)} on {args.redis}", flush=True)
+    print(f"keeper running for {', '.join(args.queue)} on {redact_url(args.redis)}", flush=True)
     await stop.wait()
     for keeper in keepers:
         await keeper.close()
@@ -278,7 +279,8 @@ def cmd_lua(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bullmq-compat", description="Node BullMQ-compatible queues from Python")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--redis", default=DEFAULT_REDIS, help=f"Redis URL (default {DEFAULT_REDIS})")
+    common.add_argument("--redis", default=DEFAULT_REDIS,
+                        help=f"Redis URL, rediss:// for TLS (default {redact_url(DEFAULT_REDIS)}, or $REDIS_URL)")
     common.add_argument("--prefix", default="bull", help="key prefix (default bull)")
     common.add_argument("--postgres", default=None,
                         help="a postgresql:// URL: the queues are on PostgreSQL (Node BullMQ's backend), not Redis")
@@ -348,6 +350,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _shown(err: BaseException, args: argparse.Namespace) -> str:
+    """An error's text as the CLI prints it: the --redis URL's password never in it."""
+    return scrub(str(err), secrets_of(getattr(args, "redis", "")))
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:  # everything after 'bench' is the benchmark's own options
@@ -365,16 +372,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             result = asyncio.run(result)
         return int(result or 0)
     except BullMQCompatError as err:
-        print(f"bullmq-compat: {err}", file=sys.stderr)
+        print(f"bullmq-compat: {_shown(err, args)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into head and closed: not an error of ours
         return 0
     except CONNECTION_ERRORS as err:
-        print(f"bullmq-compat: cannot reach Redis at {getattr(args, 'redis', '?')} ({err}); "
-              "check --redis and that redis-server is running", file=sys.stderr)
+        print(f"bullmq-compat: cannot reach Redis at {redact_url(getattr(args, 'redis', '?'))} "
+              f"({_shown(err, args)}); check --redis and that redis-server is running", file=sys.stderr)
         return 2
     except REDIS_ERRORS as err:
-        print(f"bullmq-compat: Redis refused the command: {err}", file=sys.stderr)
+        print(f"bullmq-compat: Redis refused the command: {_shown(err, args)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -130,6 +130,9 @@ class QueueBase(EventEmitter):
         if self._owns_backend:
             await self.backend.close()
 
+    def __repr__(self) -> str:  # the connection as errors name it: never its password
+        return f"<{type(self).__name__} {self.qualified_name} {self.backend.description}>"
+
     async def __aenter__(self) -> "QueueBase":
         await self.wait_until_ready()
         return self

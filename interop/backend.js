@@ -43,7 +43,8 @@ function redisReady(connection, url, timeoutMs) {
   return new Promise((resolve, reject) => {
     const timer = setTimeout(() => {
       const why = lastError ? lastError.message : `no answer in ${timeoutMs} ms`;
-      reject(new Error(`cannot connect to Redis at ${url}: ${why}`));
+      const shown = url.replace(/^([a-z]+:\/\/[^:@/]*):[^@]*@/i, '$1:***@'); // never the password
+      reject(new Error(`cannot connect to Redis at ${shown}: ${why}`));
     }, timeoutMs);
     connection.once('ready', () => { clearTimeout(timer); resolve(); });
   });
@@ -53,7 +54,9 @@ function openRedis(args) {
   const IORedis = require('ioredis');
   const url = args.redis || DEFAULT_REDIS;
   const prefix = args.prefix || 'bull';
-  const connection = new IORedis(url, { maxRetriesPerRequest: null });
+  // caFile: for rediss://, the PEM CA the server's certificate must chain to
+  const tls = args.caFile ? { tls: { ca: require('node:fs').readFileSync(args.caFile) } } : {};
+  const connection = new IORedis(url, { maxRetriesPerRequest: null, ...tls });
   return {
     kind: 'redis',
     Queue: bullmq.Queue,

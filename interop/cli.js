@@ -6,7 +6,8 @@
 // Prints exactly one line of JSON (the result) on stdout and exits 0; on error prints
 // {"error": message, "name": err.name} and exits 1. Common fields: redis (URL), prefix
 // (default "bull"), queue, connectTimeoutMs (default 10000: fail rather than wait forever for
-// an unreachable Redis or PostgreSQL). Ops: add, addBulk, getJob, getJobs, getJobCounts,
+// an unreachable Redis or PostgreSQL), caFile (for rediss://: the PEM CA the server's certificate must
+// chain to). Ops: add, addBulk, getJob, getJobs, getJobCounts,
 // getState, queueCall, work, getJobsMany, groupAdd, migrate (see the handlers below).
 //
 // PostgreSQL instead of Redis (Node's own Postgres backend, see interop/backend.js): give

@@ -39,18 +39,6 @@ def port_taken(port: int) -> bool:
     return False
 
 
-def redact(url: str) -> str:
-    """The URL with its password, if any, replaced by *** (the banner is often copied into chats)."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[-1]}"))
-
-
 def _answers(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.5) as s:
@@ -123,6 +111,8 @@ def postgres_url() -> str:
 
 
 def main() -> int:
+    from bullmq_compat._secrets import redact_url
+
     if BACKEND not in ("redis", "postgres"):
         print(f"DEMO_BACKEND={BACKEND!r} must be 'redis' or 'postgres'", file=sys.stderr)
         return 2
@@ -142,7 +132,7 @@ def main() -> int:
             print(f"Bull-Board did not start (exit {board.wait()}); see its output above", file=sys.stderr)
             return 2
         label = "PostgreSQL" if BACKEND == "postgres" else "Redis"
-        print(f"{label + ':':<11} {redact(url)}" + (f" (schema {SCHEMA})" if BACKEND == "postgres" else ""))
+        print(f"{label + ':':<11} {redact_url(url)}" + (f" (schema {SCHEMA})" if BACKEND == "postgres" else ""))
         print(f"Bull-Board: http://127.0.0.1:{PORT}/  (queue {QUEUE!r}; Ctrl-C stops the demo)")
         asyncio.run(run_worker(url))
         return 0

@@ -347,9 +347,12 @@ class FastConnection(asyncio.Protocol):
 
         import redis.asyncio.connection as _aconn
         import redis.connection as _sconn
+
+        from bullmq_compat._backends.redis.connection import SSLContextConnection
         kind = {
             _aconn.Connection: "tcp",
             _aconn.SSLConnection: "ssl",
+            SSLContextConnection: "ssl",  # the caller's ssl.SSLContext, as redis-py uses it
             _aconn.UnixDomainSocketConnection: "unix",
             _sconn.Connection: "tcp",
             _sconn.UnixDomainSocketConnection: "unix",
@@ -389,6 +392,8 @@ class FastConnection(asyncio.Protocol):
             return await cls.open(
                 db=db, username=username, password=password, client_name=name,
                 connect_timeout=timeout, unix_socket_path=template.path, decode=decode)
+        # TLS: the very context redis-py would use (CA, verification, client certificate, or the
+        # caller's own SSLContext), so the fast path verifies the server exactly as redis-py does
         ssl_context = template.ssl_context.get() if kind == "ssl" else None
         return await cls.open(
             template.host, int(template.port), db=db, username=username, password=password,

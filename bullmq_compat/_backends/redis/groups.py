@@ -107,6 +107,9 @@ class GroupKeeper:
         keeper._gids = {}
         return keeper
 
+    def __repr__(self) -> str:
+        return f"<GroupKeeper {self._queue.qualified_name} {self._queue.description}>"
+
     async def sweep(self) -> int:
         """Release every group whose slot holder has finished; returns how many jobs were released."""
         queue = self._queue
