@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 import uuid
-from typing import AsyncIterator, Iterator
+from typing import TYPE_CHECKING, AsyncIterator, Iterator
 
 import pytest
 import redis.asyncio as aioredis
 
 from tests._redis_server import redis_for_tests
+
+if TYPE_CHECKING:
+    from bullmq_compat._backends.postgres.backend import PostgresBackend
 
 
 @pytest.fixture(scope="session")
@@ -62,3 +65,17 @@ async def pg_migrated(postgres_url: str, pg_schema: str) -> str:
 
     await migrate_postgres(postgres_url, pg_schema)
     return pg_schema
+
+
+@pytest.fixture
+async def pg_backend(postgres_url: str, pg_migrated: str) -> AsyncIterator["PostgresBackend"]:
+    """A PostgresBackend for queue "q" on a freshly migrated schema of its own (dropped after)."""
+    from bullmq_compat._backends.postgres.backend import PostgresBackend
+    from bullmq_compat._backends.postgres.connection import PostgresConnection
+
+    backend = PostgresBackend(PostgresConnection(postgres_url, schema=pg_migrated), "q")
+    await backend.connect()
+    try:
+        yield backend
+    finally:
+        await backend.close()
