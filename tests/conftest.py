@@ -1,15 +1,12 @@
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, AsyncIterator, Iterator
+from typing import AsyncIterator, Iterator
 
 import pytest
 import redis.asyncio as aioredis
 
 from tests._redis_server import redis_for_tests
-
-if TYPE_CHECKING:
-    from bullmq_compat._backends.postgres.backend import PostgresBackend
 
 
 @pytest.fixture(scope="session")
@@ -36,6 +33,12 @@ async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
 
 
 # -- PostgreSQL ---------------------------------------------------------------------------------
+from typing import TYPE_CHECKING  # noqa: E402
+
+if TYPE_CHECKING:
+    from bullmq_compat._backends.postgres.backend import PostgresBackend
+
+
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """A PostgreSQL for the whole session: POSTGRES_URL, the local server on 5432, or our own cluster."""
