@@ -297,3 +297,13 @@ def test_bad_queue_names_are_refused(pg_backend: PostgresBackend, name: Any) -> 
 
 def test_the_description_names_queue_schema_and_address_without_password(pg_backend: PostgresBackend) -> None:
     assert "queue 'q'" in pg_backend.description and "schema t_" in pg_backend.description
+
+
+async def test_open_postgres_backend_owns_its_connection(postgres_url: str, pg_migrated: str) -> None:
+    from bullmq_compat._backends.postgres.backend import open_postgres_backend
+
+    backend = open_postgres_backend(postgres_url, "q", schema=pg_migrated)
+    await backend.connect()
+    assert await add_one(backend, new()) == "1"
+    await backend.close()
+    assert backend.connection.closed

@@ -23,7 +23,7 @@ from bullmq_compat._backends.base import (
     WorkerChannel,
     WorkerSettings,
 )
-from bullmq_compat._backends.postgres import adding, rows, sql
+from bullmq_compat._backends.postgres import adding, migrator, rows, sql
 from bullmq_compat._backends.postgres.connection import PostgresConnection
 from bullmq_compat._backends.postgres.driver import load_psycopg
 from bullmq_compat._backends.postgres.schedulers import JobSchedulerCalls
@@ -37,6 +37,14 @@ from bullmq_compat._errors import (
 
 #: Node's commandByType: the list-backed states whose ranges the getters reverse when ``asc``
 _LIST_STATES = frozenset({"active", "wait", "waiting"})
+
+
+def open_postgres_backend(connection: Any, name: str, *, schema: str = migrator.DEFAULT_SCHEMA,
+                          migrate: bool = False) -> "PostgresBackend":
+    """A backend for queue ``name`` owning a new `PostgresConnection` (what ``open_backend`` builds
+    for a ``postgresql://`` URL or a ``psycopg_pool.AsyncConnectionPool``); connect it with
+    ``await backend.connect()``."""
+    return PostgresBackend(PostgresConnection(connection, schema=schema, migrate=migrate), name)
 
 
 class PostgresBackend(JobSchedulerCalls, QueueBackend):
