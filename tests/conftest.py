@@ -33,6 +33,12 @@ async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
 
 
 # -- PostgreSQL ---------------------------------------------------------------------------------
+from typing import TYPE_CHECKING  # noqa: E402
+
+if TYPE_CHECKING:
+    from bullmq_compat._backends.postgres.backend import PostgresBackend
+
+
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """A PostgreSQL for the whole session: POSTGRES_URL, the local server on 5432, or our own cluster."""
@@ -62,3 +68,17 @@ async def pg_migrated(postgres_url: str, pg_schema: str) -> str:
 
     await migrate_postgres(postgres_url, pg_schema)
     return pg_schema
+
+
+@pytest.fixture
+async def pg_backend(postgres_url: str, pg_migrated: str) -> AsyncIterator["PostgresBackend"]:
+    """A PostgresBackend for queue "q" on a freshly migrated schema of its own (dropped after)."""
+    from bullmq_compat._backends.postgres.backend import PostgresBackend
+    from bullmq_compat._backends.postgres.connection import PostgresConnection
+
+    backend = PostgresBackend(PostgresConnection(postgres_url, schema=pg_migrated), "q")
+    await backend.connect()
+    try:
+        yield backend
+    finally:
+        await backend.close()

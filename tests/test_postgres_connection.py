@@ -177,3 +177,31 @@ def test_a_cluster_of_our_own_starts_answers_and_is_removed() -> None:
     finally:
         server.stop()
     assert not os.path.exists(server.dir)
+
+
+async def test_statements_go_to_the_server_as_written_with_native_placeholders(postgres_url: str) -> None:
+    """No client-side rewriting: '%s' stays text, a '$2' in a comment is no parameter."""
+    import psycopg
+
+    from bullmq_compat._backends.postgres import sql
+
+    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as conn:
+        result = await sql.execute(conn, "SELECT '%s %(x)s' AS p, $1::text AS a -- $2 is not a parameter\n", ["v"])
+    assert result.rows == [{"p": "%s %(x)s", "a": "v"}]
+
+
+async def test_a_domain_refusal_of_upstream_sql_maps_to_its_script_error(postgres_url: str, pg_migrated: str) -> None:
+    """RAISE ... ERRCODE 'BM001', DETAIL '-5' from add_job becomes ParentJobNotFound naming the parent."""
+    import psycopg
+
+    from bullmq_compat import ParentJobNotFound
+    from bullmq_compat._backends.postgres import sql
+
+    conn = PostgresConnection(postgres_url, schema=pg_migrated)
+    try:
+        with pytest.raises(psycopg.Error) as info:
+            await conn.run("add_job", ["q", "", "n", "{}", "{}", 0, 0, 1, 1, "q", "gone", "q:gone", None, None, False])
+        mapped = sql.domain_error(info.value, job_id="x", command="addJob", parent_key="q:gone")
+        assert isinstance(mapped, ParentJobNotFound) and "q:gone" in str(mapped)
+    finally:
+        await conn.close()

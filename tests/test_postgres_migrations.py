@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -173,9 +174,13 @@ def test_a_server_older_than_13_is_refused(num: str | None, reported: str | None
         migrator.check_server_version(num, reported)
 
 
-def test_servers_13_and_newer_are_accepted() -> None:
-    migrator.check_server_version("130000", "13.0")
-    migrator.check_server_version("150020", "15.20")
+def test_a_13_server_is_accepted_with_a_warning_and_14_and_newer_without() -> None:
+    with pytest.warns(RuntimeWarning, match="14 or newer is recommended"):
+        migrator.check_server_version("130000", "13.0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        migrator.check_server_version("140000", "14.0")
+        migrator.check_server_version("150020", "15.20")
 
 
 @pytest.mark.parametrize("name", ["", "1jobs", "jobs-q", 'a"b', "a b", "é", "x" * 64, "public;drop", 7, None])

@@ -8,11 +8,10 @@ value of the ``queue`` column, the namespace the connection's schema; there is n
 >>> conn = PostgresConnection("postgresql://postgres@127.0.0.1/test", schema="bullmq")
 >>> backend = PostgresBackend(conn, "emails")
 >>> await backend.connect()
->>> [job_id] = await backend.add_jobs([NewJob("send", {"to": "a@b"}, {"attempts": 0}, now_ms())])
+>>> [job_id] = await backend.add_jobs([NewJob("send", {"to": "a@b"}, {"attempts": 0}, int(time.time() * 1000))])
 """
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any, Mapping, Optional, Sequence
 
@@ -24,13 +23,13 @@ from bullmq_compat._backends.base import (
     WorkerChannel,
     WorkerSettings,
 )
-from bullmq_compat._backends.postgres import rows, sql
+from bullmq_compat._backends.postgres import adding, migrator, rows, sql
 from bullmq_compat._backends.postgres.connection import PostgresConnection
 from bullmq_compat._backends.postgres.driver import load_psycopg
+from bullmq_compat._backends.postgres.schedulers import JobSchedulerCalls
 from bullmq_compat._errors import (
     BullMQCompatError,
     InvalidArgument,
-    InvalidQueueName,
     NotSupportedOnBackend,
     PostgresUnavailable,
     script_error,
@@ -40,29 +39,22 @@ from bullmq_compat._errors import (
 _LIST_STATES = frozenset({"active", "wait", "waiting"})
 
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
+def open_postgres_backend(connection: Any, name: str, *, schema: str = migrator.DEFAULT_SCHEMA,
+                          migrate: bool = False) -> "PostgresBackend":
+    """A backend for queue ``name`` owning a new `PostgresConnection` (what ``open_backend`` builds
+    for a ``postgresql://`` URL or a ``psycopg_pool.AsyncConnectionPool``); connect it with
+    ``await backend.connect()``."""
+    return PostgresBackend(PostgresConnection(connection, schema=schema, migrate=migrate), name)
 
 
-def check_queue_name(name: Any) -> str:
-    """Node's rule (a non-empty name without ':'), plus what PostgreSQL text cannot hold."""
-    if not isinstance(name, str) or not name:
-        raise InvalidQueueName(f"queue name {name!r} must be a non-empty str")
-    if ":" in name:
-        raise InvalidQueueName(f"queue name {name!r} cannot contain ':' (Node BullMQ refuses it)")
-    if "\x00" in name:
-        raise InvalidQueueName(f"queue name {name!r} cannot contain U+0000 (PostgreSQL text cannot store it)")
-    return name
-
-
-class PostgresBackend(QueueBackend):
+class PostgresBackend(JobSchedulerCalls, QueueBackend):
     """One queue on a `PostgresConnection`; `for_queue` siblings share the connection."""
 
     kind = "postgres"
     transient_errors: tuple[type[BaseException], ...] = (PostgresUnavailable,)
 
     def __init__(self, connection: PostgresConnection, name: str, *, owns_connection: bool = True) -> None:
-        self.name = check_queue_name(name)
+        self.name = rows.check_queue_name(name)
         self.qualified_name = self.name  # no prefix: a parent's "queue" is the bare name
         self.connection = connection
         self._owns_connection = owns_connection
@@ -102,47 +94,9 @@ class PostgresBackend(QueueBackend):
         return rows.text_param(job_id, what="job_id")
 
     # -- adding ------------------------------------------------------------------------------
-    def _entry(self, job: NewJob, link: Optional[Mapping[str, Any]] = None, *,
-               queue: Optional[str] = None) -> dict[str, Any]:
-        """One job as Node's ``toBatchEntry`` builds it (also the parameters of ``add_job``)."""
-        queue = queue or (check_queue_name(job.queue_name) if job.queue_name else self.name)
-        name = rows.text_param(job.name, what="job name")
-        opts = {key: value for key, value in job.opts.items() if key != "repeatJobKey"}
-        # opts are stored as JSON: refuse here what jsonb cannot hold (the whole call, not a half)
-        rows.json_param(opts, what="options")
-        parent = job.opts.get("parent")
-        parent_queue = parent_id = None
-        if isinstance(parent, Mapping):
-            parent_queue = rows.text_param(parent.get("queue"), what="parent queue")
-            parent_id = rows.text_param(parent.get("id"), what="parent id")
-        link = link or {}
-        parent_key = link.get("parentKey") or (f"{parent_queue}:{parent_id}" if parent_id is not None else None)
-        dedup = job.opts.get("deduplication")
-        return {
-            "queue": queue,
-            "id": rows.text_param(job.job_id, what="job_id") if job.job_id else "",
-            "name": name,
-            "data": rows.json_param(job.data),  # a JSON *string*: add_jobs_bulk reads (j->>'data')::jsonb
-            "opts": opts,
-            "priority": int(opts.get("priority") or 0),
-            "delay": int(opts.get("delay") or 0),  # bigint in SQL: a fractional delay is truncated
-            "timestamp": int(job.timestamp),
-            "attempts": opts["attempts"] if opts.get("attempts") is not None else 1,
-            "parentQueue": parent_queue,
-            "parentId": parent_id,
-            "parentKey": parent_key,
-            "dedupId": dedup.get("id") if isinstance(dedup, Mapping) else None,
-            "schedulerId": job.opts.get("repeatJobKey"),
-            "lifo": bool(opts.get("lifo", False)),
-            "addToWaitingChildren": bool(link.get("addToWaitingChildren", False)),
-        }
-
     async def _add_one(self, entry: dict[str, Any]) -> str:
-        result = await self._run("add_job", [
-            entry["queue"], entry["id"], entry["name"], entry["data"], rows.json_param(entry["opts"], what="options"),
-            entry["priority"], entry["delay"], entry["timestamp"], entry["attempts"], entry["parentQueue"],
-            entry["parentId"], entry["parentKey"], entry["dedupId"], entry["schedulerId"], entry["lifo"],
-        ], job_id=entry["id"] or None, op="addJob", parent_key=entry["parentKey"])
+        result = await self._run("add_job", adding.add_job_params(entry), job_id=entry["id"] or None, op="addJob",
+                                 parent_key=entry["parentKey"])
         return str(result.rows[0]["id"])
 
     async def add_jobs(self, jobs: Sequence[NewJob]) -> list[Any]:
@@ -154,7 +108,7 @@ class PostgresBackend(QueueBackend):
         entries: list[tuple[int, dict[str, Any]]] = []
         for index, job in enumerate(jobs):
             try:
-                entries.append((index, self._entry(job, queue=self.name)))  # Node: always this queue
+                entries.append((index, adding.batch_entry(job, self.name)))  # Node: always this queue
             except InvalidArgument as err:
                 results[index] = err
         if len(jobs) == 1 and entries:
@@ -178,19 +132,8 @@ class PostgresBackend(QueueBackend):
                 results[index] = err
             return results
         for (index, entry), row in zip(entries, ids):
-            results[index] = self._id_or_error(str(row["id"]), entry, "addBulk")
+            results[index] = adding.id_or_error(str(row["id"]), entry, "addBulk")
         return results
-
-    @staticmethod
-    def _id_or_error(job_id: str, entry: Mapping[str, Any], op: str) -> Any:
-        """add_flow answers a refused entry with a negative code as its id (-5 missing parent, -7 ...)."""
-        try:
-            code = int(job_id)
-        except ValueError:
-            return job_id
-        if code < 0:
-            return script_error(code, job_id=entry["id"] or None, command=op, parent_key=entry["parentKey"])
-        return job_id
 
     async def add_flow(self, nodes: Sequence[tuple[NewJob, Optional[dict[str, Any]]]]) -> list[str]:
         """Add a flow's nodes in one ``add_flow`` statement (atomic); returns their ids in input order.
@@ -206,12 +149,13 @@ class PostgresBackend(QueueBackend):
         for job, link in nodes:
             if not job.job_id:
                 job = NewJob(job.name, job.data, job.opts, job.timestamp, str(uuid.uuid4()), job.queue_name)
-            entries.append(self._entry(job, link))
-        order = _parents_first(entries)
+            queue = rows.check_queue_name(job.queue_name) if job.queue_name else self.name
+            entries.append(adding.batch_entry(job, queue, link))
+        order = adding.parents_first(entries)
         result = await self._run("add_flow", [rows.dump_out([entries[i] for i in order])], op="addFlow")
         ids: list[str] = [""] * len(entries)
         for position, row in zip(order, result.rows):
-            outcome = self._id_or_error(str(row["id"]), entries[position], "addFlow")
+            outcome = adding.id_or_error(str(row["id"]), entries[position], "addFlow")
             if isinstance(outcome, BaseException):
                 raise outcome
             ids[position] = outcome
@@ -333,12 +277,12 @@ class PostgresBackend(QueueBackend):
         return [str(row.get("total") or 0), "0", "0"], data, len(data)
 
     async def get_rate_limit_ttl(self, max_jobs: Optional[int]) -> int:
-        result = await self._run("get_rate_limit_ttl", [self.name, max_jobs or 0, now_ms()])
+        result = await self._run("get_rate_limit_ttl", [self.name, max_jobs or 0, rows.now_ms()])
         return int(result.rows[0]["ttl"])
 
     async def set_rate_limit(self, expire_ms: int) -> None:
         """Hold the queue's limiter window for ``expire_ms`` ms (Node's setRateLimit)."""
-        await self._run("set_rate_limit", [self.name, int(expire_ms), now_ms()])
+        await self._run("set_rate_limit", [self.name, int(expire_ms), rows.now_ms()])
 
     async def remove_rate_limit_key(self) -> int:
         """End the limiter window now (Node's removeRateLimitKey); 1 when there was one."""
@@ -346,7 +290,7 @@ class PostgresBackend(QueueBackend):
 
     async def get_deduplication_job_id(self, deduplication_id: str) -> Optional[str]:
         dedup_id = rows.text_param(deduplication_id, what="deduplication id")
-        row = (await self._run("get_deduplication_job_id", [self.name, dedup_id, now_ms()])).first()
+        row = (await self._run("get_deduplication_job_id", [self.name, dedup_id, rows.now_ms()])).first()
         return rows.optional_str(row["job_id"]) if row else None
 
     async def get_client_list(self) -> list[dict[str, str]]:
@@ -482,7 +426,7 @@ class PostgresBackend(QueueBackend):
         dedup_id = rows.text_param(deduplication_id, what="deduplication id")
         if job_id is None:
             return len((await self._run("delete_deduplication_key", [self.name, dedup_id])).rows)
-        result = await self._run("remove_deduplication_key", [self.name, dedup_id, self._id(job_id), now_ms()])
+        result = await self._run("remove_deduplication_key", [self.name, dedup_id, self._id(job_id), rows.now_ms()])
         return len(result.rows)
 
     async def trim_events(self, max_length: int) -> int:
@@ -512,83 +456,12 @@ class PostgresBackend(QueueBackend):
     async def remove_child_dependency(self, job_id: str, parent_key: str) -> bool:
         """True when the link to ``parent_key`` was removed; False when there was none."""
         job_id = self._id(job_id)
-        result = await self._run("remove_child_dependency", [self.name, job_id, parent_key, now_ms()],
+        result = await self._run("remove_child_dependency", [self.name, job_id, parent_key, rows.now_ms()],
                                  job_id=job_id, op="removeChildDependency", parent_key=parent_key)
         return int(result.rows[0]["n"]) == 0
 
     async def remove_unprocessed_children(self, job_id: str) -> None:
         await self._run("remove_unprocessed_children", [self.name, self._id(job_id)])
-
-    # -- job schedulers (Node's addJobScheduler ... getJobSchedulersCount) --------------------
-    async def add_job_scheduler(self, job_scheduler_id: str, next_millis: Optional[int], template_data: str,
-                                template_opts: Optional[Mapping[str, Any]], opts: Optional[Mapping[str, Any]],
-                                delayed_job_opts: Optional[Mapping[str, Any]], producer_id: Optional[str] = None,
-                                *, now: Optional[int] = None) -> tuple[str, int]:
-        """Register or update a scheduler and enqueue its next iteration (Node's addJobScheduler).
-
-        ``template_data`` is JSON text ("" = ``{}``); ``template_opts`` the job template's options,
-        ``opts`` the repeat options (``pattern``/``every``/``limit``/``startDate``/``endDate``/
-        ``tz``/``offset``, Node's names), ``delayed_job_opts`` the options of the iteration job;
-        ``producer_id`` the iteration that asks (Node passes the processed job's id); ``now``
-        defaults to the clock. None values are sent as JSON null: leave a key out to omit it, as
-        JSON.stringify drops undefined. Returns ``(iteration job id, its delay in ms)``; upstream's
-        refusals raise (-10 an iteration id already taken, -11 both time slots busy).
-        """
-        scheduler_id = rows.text_param(job_scheduler_id, what="job scheduler id")
-        data = rows.json_text_param(template_data or "{}", what="template data")
-        row = (await self._run("add_job_scheduler", [
-            self.name, scheduler_id, next_millis, data, rows.json_param(dict(template_opts or {}), what="options"),
-            rows.json_param(dict(opts or {}), what="repeat options"),
-            rows.json_param(dict(delayed_job_opts or {}), what="options"),
-            now_ms() if now is None else int(now), producer_id,
-        ], op="addJobScheduler")).rows[0]
-        return str(row["job_id"]), int(row["delay"])
-
-    async def update_job_scheduler_next_millis(self, job_scheduler_id: str, next_millis: Optional[int],
-                                               template_data: str, delayed_job_opts: Optional[Mapping[str, Any]],
-                                               producer_id: Optional[str] = None, *, now: Optional[int] = None
-                                               ) -> Optional[str]:
-        """Advance a scheduler to its next iteration without changing its template (Node's
-        updateJobSchedulerNextMillis). ``producer_id`` is the id of the iteration whose processing
-        asks for the next one: only the current iteration's producer may advance the scheduler.
-        Returns the new iteration's id; None when the scheduler is gone, the producer is not the
-        current iteration, or the next iteration exists already (a ``duplicated`` event)."""
-        row = (await self._run("update_job_scheduler", [
-            self.name, rows.text_param(job_scheduler_id, what="job scheduler id"), next_millis,
-            rows.json_text_param(template_data or "{}", what="template data"),
-            rows.json_param(dict(delayed_job_opts or {}), what="options"),
-            now_ms() if now is None else int(now), producer_id,
-        ])).first()
-        return rows.optional_str(row["job_id"]) if row else None
-
-    async def remove_job_scheduler(self, job_scheduler_id: str) -> int:
-        """Remove a scheduler and its still-delayed iteration. Upstream's answer as Node passes it on:
-        0 when it was removed, 1 when there was none (Node's Queue.removeJobScheduler negates it)."""
-        row = (await self._run("remove_job_scheduler", [self.name, job_scheduler_id])).first()
-        return int(row["removed"] or 0) if row else 0
-
-    async def get_job_scheduler(self, job_scheduler_id: str) -> tuple[Optional[dict[str, str]], Optional[str]]:
-        """``(fields, next run ms as text)`` as the Redis scheduler hash and score (Node returns the
-        fields as a flat list), ``(None, None)`` when there is no such scheduler."""
-        row = (await self._run("get_job_scheduler", [self.name, job_scheduler_id])).first()
-        if row is None:
-            return None, None
-        return rows.scheduler_fields(row), rows.optional_str(row["next_run_ms"])
-
-    async def is_job_scheduler(self, job_scheduler_id: str) -> bool:
-        row = (await self._run("is_job_scheduler", [self.name, job_scheduler_id])).first()
-        return bool(row and row["exists"])
-
-    async def get_job_schedulers_range(self, start: int, end: int, asc: bool) -> list[tuple[str, str]]:
-        """Schedulers ``start..end`` (``end`` < 0: all the rest) ordered by next run, as
-        ``(id, next run ms)`` pairs (Node: the same pairs flattened)."""
-        count = None if end < 0 else end - start + 1
-        result = await self._run("get_job_schedulers_range", [self.name, bool(asc), start, count])
-        return [(str(r["scheduler_id"]), str(r["next_run_ms"])) for r in result.rows]
-
-    async def get_job_schedulers_count(self) -> int:
-        row = (await self._run("get_job_schedulers_count", [self.name])).first()
-        return int(row["count"]) if row else 0
 
     # -- workers and events: the worker channel and events reader are built apart ------------
     async def open_worker_channel(self, settings: WorkerSettings, client_name: str, *,
@@ -597,28 +470,3 @@ class PostgresBackend(QueueBackend):
 
     async def open_events_reader(self, client_name: str) -> EventsReader:
         raise NotImplementedError("the PostgreSQL events reader is not part of this backend module yet")
-
-
-def _parents_first(entries: Sequence[Mapping[str, Any]]) -> list[int]:
-    """Indexes of ``entries`` ordered so a node comes after its parent when both are in the batch
-    (otherwise the input order is kept)."""
-    position = {(e["queue"], e["id"]): i for i, e in enumerate(entries)}
-    order: list[int] = []
-    state: dict[int, int] = {}  # 1 = visiting, 2 = placed
-
-    def place(index: int) -> None:
-        if state.get(index) == 2:
-            return
-        if state.get(index) == 1:
-            raise InvalidArgument(f"flow node {entries[index]['id']!r} is its own ancestor")
-        state[index] = 1
-        entry = entries[index]
-        parent = position.get((entry["parentQueue"], entry["parentId"]))
-        if parent is not None:
-            place(parent)
-        state[index] = 2
-        order.append(index)
-
-    for index in range(len(entries)):
-        place(index)
-    return order

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Union
 
@@ -92,13 +93,17 @@ def latest_schema_version() -> int:
 
 
 def check_server_version(num: Optional[str], reported: Optional[str]) -> None:
-    """Refuse a server below `MINIMUM_POSTGRES_VERSION` (``server_version_num // 10000``)."""
+    """Refuse a server below `MINIMUM_POSTGRES_VERSION` (``server_version_num // 10000``); warn
+    below `RECOMMENDED_POSTGRES_VERSION`, as Node does."""
     try:
         major = int(num or "0") // 10000
     except ValueError:
         major = 0
     if major < MINIMUM_POSTGRES_VERSION:
         raise UnsupportedPostgresVersion(reported or "unknown", MINIMUM_POSTGRES_VERSION)
+    if major < RECOMMENDED_POSTGRES_VERSION:  # as Node: run, but say so (once per place, by warnings)
+        warnings.warn(f"PostgreSQL {RECOMMENDED_POSTGRES_VERSION} or newer is recommended for the PostgreSQL "
+                      f"backend (the server reports {reported})", RuntimeWarning, stacklevel=2)
 
 
 def _newer_client_needed(schema: str, minimum: int) -> SchemaVersionMismatch:

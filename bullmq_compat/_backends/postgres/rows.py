@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from typing import Any, Mapping, Optional
 
 from bullmq_compat._backends.base import JobFields
-from bullmq_compat._errors import InvalidArgument, InvalidJobData
+from bullmq_compat._errors import InvalidArgument, InvalidJobData, InvalidQueueName
 from bullmq_compat._wire import codec
 from bullmq_compat._wire.options import to_wire
 
@@ -59,6 +60,22 @@ def text_param(value: Any, *, what: str) -> str:
         raise InvalidArgument(f"{what}={_short(value)} holds U+0000 or a lone surrogate, which PostgreSQL "
                               "text cannot store")
     return value
+
+
+def now_ms() -> int:
+    """The client's clock in ms: every ``now`` upstream's functions take is the caller's."""
+    return int(time.time() * 1000)
+
+
+def check_queue_name(name: Any) -> str:
+    """Node's rule (a non-empty name without ':'), plus what PostgreSQL text cannot hold."""
+    if not isinstance(name, str) or not name:
+        raise InvalidQueueName(f"queue name {name!r} must be a non-empty str")
+    if ":" in name:
+        raise InvalidQueueName(f"queue name {name!r} cannot contain ':' (Node BullMQ refuses it)")
+    if "\x00" in name:
+        raise InvalidQueueName(f"queue name {name!r} cannot contain U+0000 (PostgreSQL text cannot store it)")
+    return name
 
 
 def js_string(value: Any) -> str:
