@@ -91,7 +91,7 @@ def _queue(args: argparse.Namespace, name: str) -> Any:
 
 async def _discover_queues(args: argparse.Namespace) -> list[str]:
     if getattr(args, "postgres", None):
-        from bullmq_compat._backends.postgres import discover_queues as discover_on_postgres
+        from bullmq_compat._backends.postgres.backend import discover_queues as discover_on_postgres
 
         return await discover_on_postgres(args.postgres, args.schema)
     from bullmq_compat._backends.redis.backend import discover_queues

@@ -83,7 +83,7 @@ async def test_every_class_works_over_tls(way: str, fast: bool, tls: TLSRedisSer
     given = [make() for _ in range(5)]  # one each: a ready client passed in stays the caller's
     queue = Queue(queue_name, given[0])
     if not fast:
-        queue._fast = False  # adds through redis-py, as for a deployment the fast path does not serve
+        queue.backend._fast = False  # type: ignore[attr-defined]  # adds through redis-py, as for a deployment the fast path does not serve
     events = QueueEvents(queue_name, given[1])
     worker = Worker(queue_name, double, given[2], name="tls-worker", concurrency=2, fast_path=fast)
     flows = FlowProducer(given[3])
@@ -98,10 +98,10 @@ async def test_every_class_works_over_tls(way: str, fast: bool, tls: TLSRedisSer
                                     "children": [{"name": "child", "queue_name": queue_name, "data": {"n": 1}}]})
             assert await tree.job.wait_until_finished(events, timeout=30_000) == {"doubled": 20}
             assert await keeper.sweep() >= 0
-            channel = worker._channel
+            channel = worker._channel.channel  # type: ignore[union-attr]
             assert isinstance(channel, FastChannel if fast else RedisPyChannel), channel
             if fast:
-                assert await queue.fast_channel() is not None
+                assert await queue.backend.fast_channel() is not None  # type: ignore[attr-defined]
             # the worker's named connections came in on the TLS port (the fast path's too)
             names = {c.get("name", "") for c in await tls_clients(plain, tls)}
             assert any(n.endswith(":w:tls-worker") for n in names), names
@@ -187,7 +187,7 @@ async def test_node_bullmq_shares_the_tls_queue(tls: TLSRedisServer, queue_name:
             return job if job and job["state"] == "completed" else None
         job = await wait_until(done, timeout=60, what="the Node-added job completed by Python", interval=0.2)
         assert job["returnvalue"] == {"doubled": 42}
-        assert isinstance(worker._channel, FastChannel)
+        assert isinstance(worker._channel.channel, FastChannel)  # type: ignore[union-attr]
     await worker.close()
     # Python adds over TLS, a Node worker processes over TLS, Python's QueueEvents (TLS) sees it
     queue = Queue(queue_name, url)

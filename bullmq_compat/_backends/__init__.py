@@ -22,9 +22,10 @@ def open_backend(name: str, connection: Any, *, prefix: str = "bull", schema: Op
                  migrate: bool = False) -> QueueBackend:
     """The backend for queue ``name`` on ``connection`` (Redis unless it names PostgreSQL)."""
     if is_postgres(connection):
-        from bullmq_compat._backends.postgres import open_postgres_backend
+        from bullmq_compat._backends.postgres.backend import open_postgres_backend
 
-        return open_postgres_backend(name, connection, schema=schema, migrate=migrate)
+        return open_postgres_backend(connection, name, **({"schema": schema} if schema is not None else {}),
+                                     migrate=migrate)
     if schema is not None or migrate:
         from bullmq_compat._errors import InvalidArgument
 

@@ -259,6 +259,24 @@ def to_wire(opts: Mapping[str, Any]) -> dict[str, Any]:
 _PY_NESTED = {"keepLastIfActive": "keep_last_if_active", "omitContext": "omit_context"}
 
 
+def wire_to_node(stored: Mapping[str, Any]) -> dict[str, Any]:
+    """Stored options (short keys, as the Redis scripts keep them) → Node's long names, as Node's
+    PostgreSQL backend keeps them (``tm``/``omc`` back into ``telemetry``); other keys as given."""
+    out: dict[str, Any] = {}
+    telemetry: dict[str, Any] = {}
+    for key, value in stored.items():
+        if key == "tm":
+            telemetry["metadata"] = value
+        elif key == "omc":
+            telemetry["omitContext"] = value
+        else:
+            option = _BY_WIRE.get(key)
+            out[option.node if option else key] = value
+    if telemetry:
+        out["telemetry"] = telemetry
+    return out
+
+
 def from_wire(stored: Mapping[str, Any]) -> dict[str, Any]:
     """Stored options (short keys) → Python-named options, as `Job.opts` shows them."""
     out: dict[str, Any] = {}

@@ -12,6 +12,8 @@ value of the ``queue`` column, the namespace the connection's schema; there is n
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import uuid
 from typing import Any, Mapping, Optional, Sequence
 
@@ -37,6 +39,13 @@ from bullmq_compat._errors import (
 
 #: Node's commandByType: the list-backed states whose ranges the getters reverse when ``asc``
 _LIST_STATES = frozenset({"active", "wait", "waiting"})
+
+
+@dataclass
+class FlowNode(NewJob):
+    """A flow node for `PostgresBackend.add_flow`: the job and Node's parentKeyOpts."""
+
+    link: dict[str, Any] = field(default_factory=dict)
 
 
 def open_postgres_backend(connection: Any, name: str, *, schema: str = migrator.DEFAULT_SCHEMA,
@@ -74,7 +83,7 @@ class PostgresBackend(JobSchedulerCalls, QueueBackend):
         if self._owns_connection:
             await self.connection.close()
 
-    def for_queue(self, name: str) -> "PostgresBackend":
+    def for_queue(self, name: str, prefix: Optional[str] = None) -> "PostgresBackend":  # (no prefix here)
         return PostgresBackend(self.connection, name, owns_connection=False)
 
     # -- running commands --------------------------------------------------------------------
@@ -135,7 +144,15 @@ class PostgresBackend(JobSchedulerCalls, QueueBackend):
             results[index] = adding.id_or_error(str(row["id"]), entry, "addBulk")
         return results
 
-    async def add_flow(self, nodes: Sequence[tuple[NewJob, Optional[dict[str, Any]]]]) -> list[str]:
+    def prepare_flow_node(self, job: NewJob, *, parent_key: Optional[str], parent_link: Optional[dict[str, Any]],
+                          has_children: bool) -> "FlowNode":
+        """One node for `add_flow`, checked now (nothing is sent until every node is)."""
+        node = FlowNode(job.name, job.data, job.opts, job.timestamp, job.job_id, job.queue_name,
+                        link={"parentKey": parent_key, "addToWaitingChildren": has_children})
+        adding.batch_entry(node, rows.check_queue_name(job.queue_name) if job.queue_name else self.name, node.link)
+        return node
+
+    async def add_flow(self, nodes: Sequence[Any]) -> list[Any]:
         """Add a flow's nodes in one ``add_flow`` statement (atomic); returns their ids in input order.
 
         Each node is ``(job, link)``: ``job.queue_name`` its queue ("" = this one), ``job.job_id``
@@ -146,7 +163,8 @@ class PostgresBackend(JobSchedulerCalls, QueueBackend):
         missing parent, -5; a parent that cannot be replaced, -7) raises its `ScriptError`.
         """
         entries = []
-        for job, link in nodes:
+        for node in nodes:
+            job, link = (node, node.link) if isinstance(node, FlowNode) else node
             if not job.job_id:
                 job = NewJob(job.name, job.data, job.opts, job.timestamp, str(uuid.uuid4()), job.queue_name)
             queue = rows.check_queue_name(job.queue_name) if job.queue_name else self.name
@@ -247,7 +265,8 @@ class PostgresBackend(JobSchedulerCalls, QueueBackend):
         """Whether the queue's global concurrency is reached (Node's isMaxed)."""
         return bool((await self._run("is_maxed", [self.name])).rows[0]["maxed"])
 
-    async def get_dependencies(self, job_id: str) -> dict[str, Any]:
+    async def get_dependencies(self, job_id: str,
+                               pages: Optional[Mapping[str, Optional[tuple[int, int]]]] = None) -> dict[str, Any]:
         """All of a parent's children by category, unpaginated (Node's getDependencies without
         options): ``processed`` {child key: return value JSON}, ``unprocessed`` [child keys],
         ``ignored`` {child key: failure reason}, ``failed`` [child keys]."""
@@ -263,7 +282,18 @@ class PostgresBackend(JobSchedulerCalls, QueueBackend):
                 found["ignored"][key] = value if isinstance(value, str) else rows.dump_out(value)
             elif status == "failed":
                 found["failed"].append(key)
-        return found
+        if not pages or all(page is None for page in pages.values()):
+            return found
+        out: dict[str, Any] = {}
+        for name, page in pages.items():  # one page of each asked state; the cursor is an offset
+            if page is None:
+                continue
+            cursor, count = page
+            items = found[name]
+            keys = list(items)[cursor:cursor + count]
+            out[name] = {k: items[k] for k in keys} if isinstance(items, dict) else keys
+            out[f"next_{name}_cursor"] = cursor + count if cursor + count < len(items) else 0
+        return out
 
     async def get_counts_per_priority(self, priorities: Sequence[int]) -> list[int]:
         result = await self._run("get_counts_per_priority", [self.name, [int(p) for p in priorities]])
@@ -470,3 +500,14 @@ class PostgresBackend(JobSchedulerCalls, QueueBackend):
 
     async def open_events_reader(self, client_name: str) -> EventsReader:
         raise NotImplementedError("the PostgreSQL events reader is not part of this backend module yet")
+
+
+async def discover_queues(connection: Any, schema: str = migrator.DEFAULT_SCHEMA) -> list[str]:
+    """The names of the queues of ``schema`` (those with jobs or queue meta), sorted (`bullmq-compat info`)."""
+    conn = PostgresConnection(connection, schema=schema)
+    try:
+        await conn.connect()
+        result = await conn.execute("SELECT queue FROM meta UNION SELECT queue FROM job ORDER BY 1")
+        return [str(row["queue"]) for row in result.rows]
+    finally:
+        await conn.close()

@@ -9,6 +9,7 @@ import abc
 from typing import Any, Mapping, Optional, Sequence
 
 from bullmq_compat._backends.postgres import rows, sql
+from bullmq_compat._wire.options import wire_to_node
 
 
 class JobSchedulerCalls(abc.ABC):
@@ -20,10 +21,40 @@ class JobSchedulerCalls(abc.ABC):
     async def _run(self, command: str, params: Sequence[Any] = (), *, job_id: Optional[str] = None,
                    op: str = "", state: str = "", parent_key: Optional[str] = None) -> sql.Result: ...
 
-    async def add_job_scheduler(self, job_scheduler_id: str, next_millis: Optional[int], template_data: str,
-                                template_opts: Optional[Mapping[str, Any]], opts: Optional[Mapping[str, Any]],
-                                delayed_job_opts: Optional[Mapping[str, Any]], producer_id: Optional[str] = None,
-                                *, now: Optional[int] = None) -> tuple[str, int]:
+    # -- the backend contract's scheduler calls (options in upstream's stored, short-key form) --------
+    async def add_job_scheduler(self, scheduler_id: str, next_millis: Optional[int], scheduler_opts: Mapping[str, Any],
+                                template_data_json: str, template_opts: Mapping[str, Any],
+                                delayed_job_opts: Mapping[str, Any], now: int,
+                                producer_id: Optional[str]) -> tuple[str, int]:
+        return await self.add_job_scheduler_node(
+            scheduler_id, next_millis, template_data_json, wire_to_node(template_opts), dict(scheduler_opts),
+            wire_to_node(delayed_job_opts), producer_id, now=now)
+
+    async def update_job_scheduler(self, scheduler_id: str, next_millis: Optional[int], template_data_json: str,
+                                   delayed_job_opts: Mapping[str, Any], now: int, producer_id: str) -> Optional[str]:
+        return await self.update_job_scheduler_next_millis(
+            scheduler_id, next_millis, template_data_json, wire_to_node(delayed_job_opts), producer_id, now=now)
+
+    async def remove_job_scheduler(self, scheduler_id: str) -> bool:
+        return await self.remove_job_scheduler_node(scheduler_id) == 0
+
+    async def get_job_scheduler(self, scheduler_id: str) -> tuple[dict[str, str], Optional[int]]:
+        fields, next_run = await self.get_job_scheduler_node(scheduler_id)
+        return fields or {}, int(float(next_run)) if next_run is not None else None
+
+    async def get_job_schedulers(self, start: int, end: int, asc: bool
+                                 ) -> list[tuple[str, dict[str, str], Optional[int]]]:
+        out: list[tuple[str, dict[str, str], Optional[int]]] = []
+        for scheduler_id, next_run in await self.get_job_schedulers_range(start, end, asc):
+            fields, _ = await self.get_job_scheduler_node(scheduler_id)  # one query each, as Node
+            out.append((scheduler_id, fields or {}, int(float(next_run)) if next_run is not None else None))
+        return out
+
+    # -- Node's PostgreSQL backend's calls, as it makes them --------------------------------------
+    async def add_job_scheduler_node(self, job_scheduler_id: str, next_millis: Optional[int], template_data: str,
+                                     template_opts: Optional[Mapping[str, Any]], opts: Optional[Mapping[str, Any]],
+                                     delayed_job_opts: Optional[Mapping[str, Any]], producer_id: Optional[str] = None,
+                                     *, now: Optional[int] = None) -> tuple[str, int]:
         """Register or update a scheduler and enqueue its next iteration (Node's addJobScheduler).
 
         ``template_data`` is JSON text ("" = ``{}``); ``template_opts`` the job template's options,
@@ -61,13 +92,13 @@ class JobSchedulerCalls(abc.ABC):
         ])).first()
         return rows.optional_str(row["job_id"]) if row else None
 
-    async def remove_job_scheduler(self, job_scheduler_id: str) -> int:
+    async def remove_job_scheduler_node(self, job_scheduler_id: str) -> int:
         """Remove a scheduler and its still-delayed iteration. Upstream's answer as Node passes it on:
         0 when it was removed, 1 when there was none (Node's Queue.removeJobScheduler negates it)."""
         row = (await self._run("remove_job_scheduler", [self.name, job_scheduler_id])).first()
         return int(row["removed"] or 0) if row else 0
 
-    async def get_job_scheduler(self, job_scheduler_id: str) -> tuple[Optional[dict[str, str]], Optional[str]]:
+    async def get_job_scheduler_node(self, job_scheduler_id: str) -> tuple[Optional[dict[str, str]], Optional[str]]:
         """``(fields, next run ms as text)`` as the Redis scheduler hash and score (Node returns the
         fields as a flat list), ``(None, None)`` when there is no such scheduler."""
         row = (await self._run("get_job_scheduler", [self.name, job_scheduler_id])).first()
