@@ -227,7 +227,8 @@ class QueueBackend(abc.ABC):
 
     @abc.abstractmethod
     async def get_client_list(self) -> list[dict[str, str]]:
-        """The datastore's connections named like BullMQ clients: dicts with at least ``name``."""
+        """The connections of this queue's workers (of any language), as Node's getWorkers finds
+        them: dicts with at least ``name`` (the connection's name)."""
 
     # -- queue meta (pause, limits, versions) -------------------------------------------------
     @abc.abstractmethod

@@ -259,42 +259,36 @@ def to_wire(opts: Mapping[str, Any]) -> dict[str, Any]:
 _PY_NESTED = {"keepLastIfActive": "keep_last_if_active", "omitContext": "omit_context"}
 
 
-def wire_to_node(stored: Mapping[str, Any]) -> dict[str, Any]:
-    """Stored options (short keys, as the Redis scripts keep them) → Node's long names, as Node's
-    PostgreSQL backend keeps them (``tm``/``omc`` back into ``telemetry``); other keys as given."""
+def _renamed(stored: Mapping[str, Any], python: bool) -> dict[str, Any]:
+    """Stored options (short keys) under Node's names or, with ``python``, under ours; ``tm`` and
+    ``omc`` back into ``telemetry``; keys no option owns as given."""
     out: dict[str, Any] = {}
     telemetry: dict[str, Any] = {}
     for key, value in stored.items():
         if key == "tm":
             telemetry["metadata"] = value
         elif key == "omc":
-            telemetry["omitContext"] = value
+            telemetry["omit_context" if python else "omitContext"] = value
         else:
-            option = _BY_WIRE.get(key)
-            out[option.node if option else key] = value
-    if telemetry:
-        out["telemetry"] = telemetry
-    return out
-
-
-def from_wire(stored: Mapping[str, Any]) -> dict[str, Any]:
-    """Stored options (short keys) → Python-named options, as `Job.opts` shows them."""
-    out: dict[str, Any] = {}
-    telemetry: dict[str, Any] = {}
-    for key, value in stored.items():
-        if key == "tm":
-            telemetry["metadata"] = value
-        elif key == "omc":
-            telemetry["omit_context"] = value
-        else:
-            option = _BY_WIRE.get(key) or _BY_NAME.get(key)
-            name = option.python if option else key
-            if name == "deduplication" and isinstance(value, dict):
+            option = _BY_WIRE.get(key) or (_BY_NAME.get(key) if python else None)
+            name = (option.python if python else option.node) if option else key
+            if python and name == "deduplication" and isinstance(value, dict):
                 value = {_PY_NESTED.get(k, k): v for k, v in value.items()}
             out[name] = value
     if telemetry:
         out["telemetry"] = telemetry
     return out
+
+
+def wire_to_node(stored: Mapping[str, Any]) -> dict[str, Any]:
+    """Stored options (short keys, as the Redis scripts keep them) → Node's long names, as Node's
+    PostgreSQL backend keeps them."""
+    return _renamed(stored, python=False)
+
+
+def from_wire(stored: Mapping[str, Any]) -> dict[str, Any]:
+    """Stored options (short keys) → Python-named options, as `Job.opts` shows them."""
+    return _renamed(stored, python=True)
 
 
 def to_node_form(python_opts: Mapping[str, Any]) -> dict[str, Any]:

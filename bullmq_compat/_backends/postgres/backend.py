@@ -324,9 +324,12 @@ class PostgresBackend(JobSchedulerCalls, QueueBackend):
         return rows.optional_str(row["job_id"]) if row else None
 
     async def get_client_list(self) -> list[dict[str, str]]:
-        """Every named session of the database (Node names only LISTEN sessions: ``<queue>``,
-        ``<queue>:w:<worker>``, ``<queue>:qe``), as ``{"name": application_name}``."""
-        return [{"name": str(r["application_name"])} for r in (await self._run("get_client_list")).rows]
+        """The sessions of this queue's workers (Node names only LISTEN sessions: ``<queue>``,
+        ``<queue>:w:<worker>``, ``<queue>:qe``; the whole database is read, as Node reads it), as
+        ``{"name": application_name}``."""
+        names = (str(r["application_name"]) for r in (await self._run("get_client_list")).rows)
+        # this queue's workers, as Node's getWorkers matches them (not its QueueEvents, not others')
+        return [{"name": name} for name in names if name == self.name or name.startswith(f"{self.name}:w:")]
 
     # -- queue meta ---------------------------------------------------------------------------
     async def set_meta(self, values: Mapping[str, Any]) -> None:

@@ -758,13 +758,12 @@ def stream_entries(reply: Any) -> list[tuple[str, dict[str, str]]]:
 
 async def discover_queues(url: str, prefix: str) -> list[str]:
     """The names of the queues under ``prefix`` (those with a ``meta`` key), sorted."""
-    import redis.asyncio as aioredis
-
-    client = aioredis.Redis.from_url(url, decode_responses=True)
+    handle = RedisHandle(url)  # refuses what is not a Redis URL, naming it masked
     try:
+        await handle.check()
         names = set()
-        async for key in client.scan_iter(match=f"{prefix}:*:meta", count=1000):
+        async for key in handle.client.scan_iter(match=f"{prefix}:*:meta", count=1000):
             names.add(key[len(prefix) + 1:-len(":meta")])
         return sorted(names)
     finally:
-        await client.aclose()
+        await handle.close()
