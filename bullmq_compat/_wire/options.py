@@ -131,12 +131,13 @@ def _deduplication(name: str, value: Any) -> dict[str, Any]:
     dedup = _rename(name, value, {
         "id": "id", "ttl": "ttl", "extend": "extend", "replace": "replace",
         "keep_last_if_active": "keepLastIfActive", "keepLastIfActive": "keepLastIfActive",
+        "reschedule": "reschedule",
     })
     if not isinstance(dedup.get("id"), str) or not dedup["id"]:
         raise InvalidJobOptions(f"option deduplication={value!r} needs a non-empty 'id' string")
     if "ttl" in dedup:
         dedup["ttl"] = _number(f"{name}.ttl", dedup["ttl"], integer=True)
-    for flag in ("extend", "replace", "keepLastIfActive"):
+    for flag in ("extend", "replace", "keepLastIfActive", "reschedule"):
         if flag in dedup:
             _bool(f"{name}.{flag}", dedup[flag])
     return dedup
@@ -276,6 +277,23 @@ def from_wire(stored: Mapping[str, Any]) -> dict[str, Any]:
             out[name] = value
     if telemetry:
         out["telemetry"] = telemetry
+    return out
+
+
+_NODE_NESTED = {v: k for k, v in _PY_NESTED.items()}
+
+
+def to_node_names(opts: Mapping[str, Any]) -> dict[str, Any]:
+    """`Job.opts` (Python names) → Node's JobsOptions names, without checking values (a foreign
+    job's options are shown as they are): ``keep_logs`` → ``keepLogs``, ``deduplication`` and
+    ``telemetry`` keys too; an option we do not know keeps its name."""
+    out: dict[str, Any] = {}
+    for key, value in opts.items():
+        option = _BY_NAME.get(key)
+        name = option.node if option else key
+        if name in ("deduplication", "telemetry") and isinstance(value, Mapping):
+            value = {_NODE_NESTED.get(k, k): v for k, v in value.items()}
+        out[name] = value
     return out
 
 
