@@ -205,7 +205,18 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
                  default_job_options: Optional[Mapping[str, Any]] = None,
                  max_len_events: int = 10000, skip_meta_update: bool = False, telemetry: Any = None,
                  schema: Optional[str] = None, migrate: bool = False,
-                 backend: Optional[QueueBackend] = None, repeat_strategy: Any = None) -> None:
+                 backend: Optional[QueueBackend] = None, repeat_strategy: Any = None,
+                 streams: Optional[Mapping[str, Any]] = None, settings: Optional[Mapping[str, Any]] = None,
+                 skip_metas_update: Optional[bool] = None, skip_version_check: bool = False,
+                 skip_waiting_for_ready: bool = False, blocking_connection: Optional[bool] = None) -> None:
+        # Node's QueueOptions under Python names (docs/compatibility.md has the table): streams and
+        # settings in Node's nested form; skip_version_check, skip_waiting_for_ready and
+        # blocking_connection change nothing here (no Redis version gate, connections open on
+        # first use, and a Queue never blocks), so they are accepted as Node accepts them
+        max_len_events = _events_max_len(streams, max_len_events)
+        repeat_strategy = _repeat_setting(settings, repeat_strategy)
+        if skip_metas_update is not None:
+            skip_meta_update = bool(skip_metas_update)
         super().__init__(name, connection, prefix=prefix, schema=schema, migrate=migrate, backend=backend)
         if repeat_strategy is not None and not callable(repeat_strategy):
             raise InvalidArgument(f"repeat_strategy={repeat_strategy!r} must be a function "
@@ -537,6 +548,35 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
                   "# TYPE bullmq_job_failed_total counter",
                   f'bullmq_job_failed_total{{queue="{name}"{labels}}} {failed["meta"]["count"]}']
         return "\n".join(lines)
+
+
+def _events_max_len(streams: Optional[Mapping[str, Any]], max_len_events: int) -> int:
+    """Node's ``streams: {events: {maxLen}}`` → ``max_len_events``."""
+    if streams is None:
+        return max_len_events
+    events = streams.get("events") if isinstance(streams, Mapping) else None
+    if not isinstance(streams, Mapping) or set(streams) - {"events"} or not isinstance(events, Mapping) \
+            or set(events) - {"max_len", "maxLen"} or len(events) != 1:
+        raise InvalidArgument(f"streams={streams!r} must be {{'events': {{'max_len': n}}}} (Node's streams.events.maxLen)")
+    return events.get("max_len", events.get("maxLen"))  # type: ignore[no-any-return]  # checked as max_len_events
+
+
+def _repeat_setting(settings: Optional[Mapping[str, Any]], repeat_strategy: Any) -> Any:
+    """Node's ``settings`` (AdvancedRepeatOptions) → the repeat strategy."""
+    if settings is None:
+        return repeat_strategy
+    if not isinstance(settings, Mapping):
+        raise InvalidArgument(f"settings={settings!r} must be a dict such as {{'repeat_strategy': f}}")
+    for key in settings:
+        if key in ("repeat_key_hash_algorithm", "repeatKeyHashAlgorithm"):
+            raise InvalidArgument(f"settings.{key}: BullMQ 6.7 reads it nowhere (it hashed the keys of legacy "
+                                  "repeatable jobs, which BullMQ 6 replaced by job schedulers); remove it")
+        if key not in ("repeat_strategy", "repeatStrategy"):
+            raise InvalidArgument(f"settings has an unknown key {key!r}; a Queue's settings take repeat_strategy")
+    given = settings.get("repeat_strategy", settings.get("repeatStrategy"))
+    if given is not None and repeat_strategy is not None and given is not repeat_strategy:
+        raise InvalidArgument("repeat_strategy is given twice (as repeat_strategy= and in settings=): give one")
+    return given if given is not None else repeat_strategy
 
 
 def _js_string(value: Any) -> str:

@@ -457,3 +457,30 @@ async def test_add_bulk_checks_parents_again_when_one_changes_meanwhile(
                 ])
             assert removed
             assert await _keys_of(redis, queue_name) == before - {queue.keys.job("par")}
+
+
+async def test_queue_takes_nodes_queue_options(redis_url: str, queue_name: str) -> None:
+    def every_hour(millis: int, opts: Any, name: Any) -> int:
+        return millis + 3_600_000
+
+    queue = Queue(queue_name, connection=redis_url, streams={"events": {"maxLen": 50}},
+                  settings={"repeatStrategy": every_hour}, skip_metas_update=True,
+                  skip_version_check=True, skip_waiting_for_ready=True, blocking_connection=False)
+    try:
+        assert (queue.max_len_events, queue.repeat_strategy, queue.skip_meta_update) == (50, every_hour, True)
+        await queue.add("a", {})
+        assert await queue.get_version() is None  # skip_metas_update: meta not written
+    finally:
+        await queue.close()
+    with pytest.raises(InvalidArgument, match="legacy repeatable jobs"):
+        Queue(queue_name, connection=redis_url, settings={"repeatKeyHashAlgorithm": "md5"})
+    with pytest.raises(InvalidArgument, match="streams"):
+        Queue(queue_name, connection=redis_url, streams={"events": {"max": 1}})
+
+
+async def test_job_options_node_removed_are_refused_with_the_reason(queue: Queue) -> None:
+    with pytest.raises(InvalidJobOptions, match="Use deduplication option instead"):
+        await queue.add("j", {}, debounce={"id": "x"})
+    with pytest.raises(InvalidJobOptions, match="upsert_job_scheduler"):
+        await queue.add("j", {}, repeat={"every": 1000})
+    assert await queue.count() == 0

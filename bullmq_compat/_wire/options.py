@@ -196,6 +196,13 @@ _BY_WIRE: dict[str, JobOption] = {opt.wire: opt for opt in JOB_OPTIONS}
 # options Node sets itself (schedulers, repeat): accepted, but not offered in error messages
 _INTERNAL = frozenset({"prev_millis", "repeat_job_key"})
 
+# options that are not JobsOptions of 6.7.0, with what to do instead
+_REFUSED = {
+    "debounce": "Debounce option has been removed. Use deduplication option instead (as Node says)",
+    "repeat": "BullMQ 6 adds repeating jobs with queue.upsert_job_scheduler(id, repeat, template), "
+              "not with an add option",
+}
+
 _EXCLUSIVE = ("removeDependencyOnFailure", "failParentOnFailure", "continueParentOnFailure",
               "ignoreDependencyOnFailure")
 
@@ -214,6 +221,8 @@ def normalize_job_options(opts: Mapping[str, Any], *, extra: Mapping[str, Callab
             out[name] = _storable(name, extra[name](name, value))
             continue
         option = _BY_NAME.get(name)
+        if option is None and name in _REFUSED:
+            raise InvalidJobOptions(f"job option {name!r}: {_REFUSED[name]}")
         if option is None:
             allowed = ", ".join([o.python for o in JOB_OPTIONS if o.python not in _INTERNAL]
                                 + [n for n in extra if "_" in n or n.islower()])
