@@ -196,12 +196,14 @@ class Job(FlowJobMixin):
     async def create(cls, queue: Any, name: str, data: Any = None, opts: Optional[Mapping[str, Any]] = None) -> "Job":
         """Add one job to ``queue`` (Node's ``Job.create``): as `Queue.add`, but without the
         queue's 'waiting' event."""
-        return await queue._add_one(name, data, dict(opts or {}))
+        job: Job = await queue._add_one(name, data, dict(opts or {}))
+        return job
 
     @classmethod
     async def create_bulk(cls, queue: Any, jobs: Any) -> list["Job"]:
         """Add many jobs to ``queue`` in one round trip (Node's ``Job.createBulk``): as `Queue.add_bulk`."""
-        return await queue.add_bulk(jobs)
+        added: list[Job] = await queue.add_bulk(jobs)
+        return added
 
     @classmethod
     async def from_id(cls, queue: "QueueBase", job_id: Optional[str]) -> Optional["Job"]:
