@@ -266,7 +266,7 @@ class Job(FlowJobMixin):
         ``stacktrace`` and ``returnvalue`` as JSON text, Node's names, unset fields left out."""
         out: dict[str, Any] = {
             "id": self.id, "name": self.name, "data": codec.dumps(self.data),
-            "opts": to_node_names(self.opts),
+            "opts": {"attempts": 0, **to_node_names(self.opts)},
             "parent": dict(self.parent) if self.parent else None, "parentKey": self.parent_key,
             "progress": self.progress, "attemptsMade": self.attempts_made,
             "attemptsStarted": self.attempts_started, "stalledCounter": self.stalled_counter,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from bullmq_compat import Queue, Worker
+from bullmq_compat import FlowProducer, Job, Queue, Worker
 from tests.node import node
 from tests.node_scripts import run_script
 from tests.test_interop_dedup import add, final_state, run_python, same_results
@@ -127,3 +127,86 @@ async def test_deduplication_reschedule_decides_as_node(redis_url: str, queue_na
     delays = await _delays(redis, py_queue)
     assert delays["1"]["delay"] == "0"  # the fourth add rescheduled it to run now
     assert delays[ids[5]] == {"delay": "3000", "delayed": True}
+
+
+# -- Job shapes: to_json / as_json / from_json against Node's toJSON / asJSON / fromJSON ----------
+async def _node_job(redis_url: str, queue_name: str, **request: Any) -> Any:
+    return await run_script("parity.js", {"redis": redis_url, "queue": queue_name, **request})
+
+
+async def test_job_json_shapes_are_nodes(redis_url: str, queue_name: str) -> None:
+    async with Queue(queue_name, connection=redis_url) as queue:
+        plain = await queue.add("plain", {"x": [1, "é"]})
+        rich = await queue.add("rich", {"y": None}, attempts=3, backoff=1000, keep_logs=5, priority=2,
+                               deduplication={"id": "dd", "ttl": 60_000}, remove_on_complete=True)
+        failed = await queue.add("fails", {}, attempts=1)
+        done = await queue.add("done", {})
+        worker = Worker(queue_name, connection=redis_url)
+        try:
+            for _ in range(4):
+                job = await worker.get_next_job("tok", block=False)
+                assert job is not None
+                if job.id == failed.id:
+                    await job.move_to_failed(ValueError("nope"), "tok")
+                elif job.id == done.id:
+                    await job.update_progress({"p": 1})
+                    await job.move_to_completed({"r": 1}, "tok")
+                else:
+                    await job.move_to_wait("tok")  # back to waiting, attempts as they are
+        finally:
+            await worker.close()
+        for job_id in (plain.id, rich.id, failed.id, done.id):
+            ours = await queue.get_job(str(job_id))
+            assert ours is not None
+            theirs = await _node_job(redis_url, queue_name, op="job", id=job_id)
+            assert ours.to_json() == theirs["toJSON"], job_id
+            assert ours.as_json() == theirs["asJSON"], job_id
+            assert (ours.queue_name, ours.prefix, await ours.is_waiting_children()) == (
+                theirs["queueName"], theirs["prefix"], theirs["isWaitingChildren"])
+            # Node's JobJson read back by both sides gives the same job (asJSON has no delay or
+            # priority: Node's fromJSON leaves them undefined, ours 0)
+            restored = Job.from_json(queue, theirs["asJSON"]).to_json()
+            node_restored = await _node_job(redis_url, queue_name, op="fromJSON", json=theirs["asJSON"])
+            assert (restored.pop("delay"), restored.pop("priority")) == (0, 0)
+            assert "delay" not in node_restored and "priority" not in node_restored
+            assert restored == node_restored, job_id
+
+
+async def test_dependencies_page_is_nodes(redis_url: str, queue_name: str) -> None:
+    async with FlowProducer(connection=redis_url) as flows:
+        tree = await flows.add({"name": "parent", "queue_name": queue_name, "children": [
+            {"name": f"c{i}", "queue_name": queue_name, "data": {"i": i}} for i in range(3)]})
+    async with Queue(queue_name, connection=redis_url) as queue:
+        worker = Worker(queue_name, connection=redis_url)
+        try:
+            job = await worker.get_next_job("t", block=False)
+            assert job is not None
+            await job.move_to_completed({"from": job.name}, "t")
+        finally:
+            await worker.close()
+        for kind in ("processed", "pending"):
+            ours = await queue.get_dependencies(str(tree.job.id), kind, 0, -1)
+            theirs = await _node_job(redis_url, queue_name, op="dependencies", id=tree.job.id, type=kind,
+                                     start=0, end=-1)
+            key = (lambda item: item["id"])
+            assert sorted(ours["items"], key=key) == sorted(theirs["items"], key=key)
+            assert ours["total"] == theirs["total"]
+            assert sorted(ours["jobs"], key=lambda j: j["name"]) == sorted(theirs["jobs"], key=lambda j: j["name"])
+
+
+async def test_job_helpers_agree_with_node(redis_url: str, queue_name: str) -> None:
+    async with Queue(queue_name, connection=redis_url) as queue:
+        first = await queue.add("j", {}, deduplication={"id": "k"})
+        await queue.remove_deduplication_key("k")
+        second = await queue.add("j", {}, deduplication={"id": "k"})
+        # the key points at the second job: neither side's first job may remove it
+        assert await first.remove_deduplication_key() is False
+        assert await _node_job(redis_url, queue_name, op="removeDeduplicationKey", id=first.id) == {"removed": False}
+        assert await _node_job(redis_url, queue_name, op="removeDeduplicationKey", id=second.id) == {"removed": True}
+        assert await second.remove_deduplication_key() is False
+        for row in "abcd":
+            await second.log(row)
+        assert await _node_job(redis_url, queue_name, op="clearLogs", id=second.id, keep=3) == {
+            "logs": {"logs": ["b", "c", "d"], "count": 3}}
+        await second.clear_logs(keep=1)
+        assert await queue.get_job_logs(str(second.id)) == {"logs": ["d"], "count": 1}
