@@ -432,18 +432,12 @@ async def test_add_bulk_checks_parents_again_when_one_changes_meanwhile(
 
             def pipeline(*args: Any, **kwargs: Any) -> Any:
                 pipe = real(*args, **kwargs)
-                real_multi = pipe.multi
-
-                def multi() -> Any:
-                    if not removed:  # another client removes the parent after our check
-                        removed.append(True)
-                        asyncio.get_running_loop().create_task(redis.delete(queue.keys.job("par")))
-                    return real_multi()
-                pipe.multi = multi
                 real_execute = pipe.execute
 
                 async def execute(*a: Any, **k: Any) -> Any:
-                    await asyncio.sleep(0.2)
+                    if not removed:  # another client removes the parent after our check, before EXEC
+                        removed.append(True)
+                        await redis.delete(queue.keys.job("par"))
                     return await real_execute(*a, **k)
                 pipe.execute = execute
                 return pipe
