@@ -478,3 +478,26 @@ async def test_job_options_node_removed_are_refused_with_the_reason(queue: Queue
     with pytest.raises(InvalidJobOptions, match="upsert_job_scheduler"):
         await queue.add("j", {}, repeat={"every": 1000})
     assert await queue.count() == 0
+
+
+async def test_add_bulk_all_or_nothing_on_redis_cluster() -> None:
+    """The WATCH check also runs through a RedisCluster pipeline (a hash-tagged prefix: one slot)."""
+    from redis.asyncio.cluster import RedisCluster
+
+    from tests._cluster import local_cluster
+
+    with local_cluster() as cluster:
+        client = RedisCluster(host=cluster.host, port=cluster.port, decode_responses=True)
+        try:
+            name = f"t-{now_ms()}"
+            async with FlowProducer(connection=client, prefix="{bull}") as flows:
+                orphan = {"name": "o", "queue_name": name, "opts": {"parent": {"id": "nope", "queue": f"{{bull}}:{name}"}}}
+                with pytest.raises(ParentJobNotFound):
+                    await flows.add_bulk([{"name": "a", "queue_name": name}, orphan])
+                assert [key async for key in client.scan_iter(match=f"{{bull}}:{name}:*")] == []
+                async with Queue(name, connection=client, prefix="{bull}") as queue:
+                    await queue.add("p", {}, job_id="nope")
+                    trees = await flows.add_bulk([{"name": "a", "queue_name": name}, orphan])
+                    assert await trees[1].job.get_state() == "waiting"
+        finally:
+            await client.aclose()

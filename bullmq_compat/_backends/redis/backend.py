@@ -228,6 +228,13 @@ class RedisBackend(QueueBackend):
         for script, present in zip(scripts, loaded):
             if not present:
                 await self.client.script_load(script.lua)
+        if must_exist and self.is_cluster:
+            # redis-py's cluster pipeline cannot run commands between WATCH and MULTI: check plainly
+            # (a parent removed in the instant before EXEC would leave that one tree refused)
+            for key in must_exist:
+                if not await self.client.exists(key):
+                    raise script_error(-5, command="addJob", parent_key=key)
+            must_exist = ()
         for _ in range(100):
             async with self.client.pipeline(transaction=True) as pipe:
                 if must_exist:
