@@ -415,26 +415,30 @@ class RedisBackend(QueueBackend):
         infrastructure = set(QUEUE_KEY_TYPES) | {"grp", "dn"}
         sub_keys = ["logs", "dependencies", "processed", "failed", "unsuccessful", "lock"]
         removed = 0
-        cursor: Any = 0
-        while True:
-            cursor, found = await self.client.scan(cursor, match=_glob_escape(base) + "*", count=count)
-            candidates: list[str] = []
-            for key in codec.to_str(list(found)):
-                suffix = key[len(base):]
-                if suffix in infrastructure:
-                    continue
-                job_id, colon, sub = suffix.partition(":")
-                if colon and (job_id in infrastructure or sub not in sub_keys):
-                    continue
-                if job_id not in candidates:
-                    candidates.append(job_id)
-            if candidates:
-                removed += int(await self.runner.call("removeOrphanedJobs", [base], [
-                    len(states), *states, len(sub_keys), *sub_keys, *candidates]) or 0)
+        candidates: list[str] = []
+        seen = 0
+
+        async def check() -> int:
+            found = int(await self.runner.call("removeOrphanedJobs", [base], [
+                len(states), *states, len(sub_keys), *sub_keys, *candidates]) or 0)
+            candidates.clear()
+            return found
+
+        # scan_iter: SCAN rounds of about ``count`` keys (on a Cluster, over every node); the
+        # candidates are checked each ``count`` keys scanned, as Node checks each SCAN reply
+        async for key in self.client.scan_iter(match=_glob_escape(base) + "*", count=count):
+            seen += 1
+            suffix = codec.to_str(key)[len(base):]
+            job_id, colon, sub = suffix.partition(":")
+            if not (suffix in infrastructure or (colon and (job_id in infrastructure or sub not in sub_keys))) \
+                    and job_id not in candidates:
+                candidates.append(job_id)
+            if seen % count == 0 and candidates:
+                removed += await check()
                 if limit > 0 and removed >= limit:
-                    break
-            if int(cursor) == 0:
-                break
+                    return removed
+        if candidates:
+            removed += await check()
         return removed
 
     # -- queue meta --------------------------------------------------------------------------
