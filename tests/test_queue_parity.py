@@ -238,6 +238,11 @@ async def test_disconnect_keeps_the_queue_usable(queue: Queue) -> None:
     await queue.add("a", {})
     await queue.disconnect()
     assert await queue.get_waiting_count() == 1
+    await queue.add("b", {})  # the fast channel is opened again
+    await queue.add_bulk([{"name": "c"}])
+    await queue.disconnect()
+    await queue.disconnect()
+    assert await queue.get_waiting_count() == 3
 
 
 # -- Prometheus -----------------------------------------------------------------------------------

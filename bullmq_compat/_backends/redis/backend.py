@@ -116,6 +116,16 @@ class RedisBackend(QueueBackend):
         if self._owns_handle:
             await self._handle.close()
 
+    async def disconnect(self) -> None:
+        """Drop the fast channel and (when we opened it) the client's connections; redis-py opens
+        new ones on the next command, and the fast channel is opened again on the next add."""
+        fast, self._fast = self._fast, None
+        self._connected = None
+        if fast:
+            await fast.close()
+        if self._owns_handle:
+            await self._handle.close()
+
     def for_queue(self, name: str, prefix: Optional[str] = None) -> "RedisBackend":
         return RedisBackend(name, None, prefix=prefix or self.prefix, handle=self._handle)
 
