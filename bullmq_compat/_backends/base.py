@@ -252,8 +252,8 @@ class QueueBackend(abc.ABC):
         ``paginate``): ``type`` "processed" (children done, with values) or "pending" (children
         not done); ``end`` -1 for all. Returns ``{"items": [{"id": child key, "v": value}] (a
         value that is not JSON gives ``"err"`` instead of ``"v"``; pending items have ``id``
-        only), "jobs": [JobFields of each item's child, in order, when the hash exists], "total":
-        how many children of that type there are}``."""
+        only), "jobs": [one JobFields per item, in the same order, ``{}`` where that child's hash is
+        gone], "total": how many children of that type there are}``."""
 
     @abc.abstractmethod
     async def remove_orphaned_jobs(self, count: int, limit: int) -> int:
