@@ -422,6 +422,14 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
         await self.wait_until_ready()
         return await self.backend.remove_deduplication_key(deduplication_id)
 
+    async def get_debounce_job_id(self, debounce_id: str) -> Optional[str]:
+        """Node's deprecated name of `get_deduplication_job_id`."""
+        return await self.get_deduplication_job_id(debounce_id)
+
+    async def remove_debounce_key(self, debounce_id: str) -> int:
+        """Node's deprecated name of `remove_deduplication_key`."""
+        return await self.remove_deduplication_key(debounce_id)
+
     # -- Node's other getters -----------------------------------------------------------------
     async def get_waiting_count(self) -> int:
         """Jobs waiting (or paused) to be processed."""

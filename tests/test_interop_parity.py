@@ -210,3 +210,26 @@ async def test_job_helpers_agree_with_node(redis_url: str, queue_name: str) -> N
             "logs": {"logs": ["b", "c", "d"], "count": 3}}
         await second.clear_logs(keep=1)
         assert await queue.get_job_logs(str(second.id)) == {"logs": ["d"], "count": 1}
+
+
+async def test_workers_and_queue_events_listed_alike(redis_url: str, queue_name: str) -> None:
+    from bullmq_compat import QueueEvents
+    from tests.helpers import wait_until
+
+    async with Queue(queue_name, connection=redis_url) as queue:
+        events = QueueEvents(queue_name, connection=redis_url)
+        try:
+            async with Worker(queue_name, lambda job: None, connection=redis_url, name="py-w"):
+                await events.wait_until_ready()
+                await wait_until(lambda: queue.get_workers_count(), what="the worker listed")
+                await wait_until(lambda: queue.get_queue_events(), what="QueueEvents listed")
+
+                async def call(method: str) -> Any:
+                    return await node("queueCall", redis=redis_url, queue=queue_name, method=method, args=[])
+
+                assert await call("getWorkersCount") == await queue.get_workers_count() == 1
+                theirs = await call("getQueueEvents")
+                ours = await queue.get_queue_events()
+                assert [(e["name"], e["rawname"]) for e in theirs] == [(e["name"], e["rawname"]) for e in ours]
+        finally:
+            await events.close()

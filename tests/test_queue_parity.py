@@ -309,6 +309,10 @@ async def test_job_remove_deduplication_key_only_while_it_points_at_the_job(queu
     assert await queue.get_deduplication_job_id("d1") == second.id
     plain = await queue.add("j", {})
     assert await plain.remove_deduplication_key() is False
+    # Node's deprecated names
+    assert await queue.get_debounce_job_id("d1") == second.id
+    assert await queue.remove_debounce_key("d1") == 1
+    assert await queue.get_debounce_job_id("d1") is None
 
 
 async def test_job_move_to_wait_without_a_token(queue: Queue, redis_url: str) -> None:
