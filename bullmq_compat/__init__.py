@@ -67,3 +67,8 @@ from bullmq_compat._backends.postgres.migrator import migrate_postgres  # noqa: 
 
 __all__ += ["InvalidSchemaName", "PostgresDriverMissing", "PostgresUnavailable", "SchemaMigrationRequired",
             "SchemaVersionMismatch", "UnsupportedPostgresVersion", "migrate_postgres"]
+from bullmq_compat._errors import ErrorCode, MetricsTime, NotSupportedOnBackend  # noqa: E402
+from bullmq_compat._queue import JobScheduler  # noqa: E402
+from bullmq_compat._scheduler import default_repeat_strategy  # noqa: E402
+
+__all__ += ["ErrorCode", "JobScheduler", "MetricsTime", "NotSupportedOnBackend", "default_repeat_strategy"]

@@ -49,6 +49,8 @@ class ScriptError(BullMQCompatError):
         super().__init__(message)
         self.job_id = job_id
         self.command = command
+        #: the parent's key, for the codes about a parent (-5, -7)
+        self.parent_key: Optional[str] = None
 
 
 class JobNotFound(ScriptError):
@@ -125,7 +127,9 @@ def script_error(code: int, *, job_id: Optional[str] = None, command: str = "", 
         return err
     cls, template = entry
     message = template.format(job_id=job_id, command=command, state=state, parent_key=parent_key)
-    return cls(message, job_id=job_id, command=command)
+    err = cls(message, job_id=job_id, command=command)
+    err.parent_key = parent_key
+    return err
 
 
 # -- raised by processors to steer what the worker does with the job --------------------------
@@ -220,3 +224,42 @@ class UnsupportedPostgresVersion(BullMQCompatError):
                          f"server reports {server_version}: upgrade PostgreSQL")
         self.server_version = server_version
         self.minimum_version = minimum_version
+
+
+# -- Node's public enums ------------------------------------------------------------------------
+import enum as _enum  # noqa: E402
+
+
+class ErrorCode(_enum.IntEnum):
+    """Node's ``ErrorCode``: the negative codes upstream's scripts answer (`script_error` turns
+    each into its `ScriptError` subclass, whose ``code`` is one of these)."""
+
+    JOB_NOT_EXIST = -1
+    JOB_LOCK_NOT_EXIST = -2
+    JOB_NOT_IN_STATE = -3
+    JOB_PENDING_CHILDREN = -4
+    PARENT_JOB_NOT_EXIST = -5
+    JOB_LOCK_MISMATCH = -6
+    PARENT_JOB_CANNOT_BE_REPLACED = -7
+    JOB_BELONGS_TO_JOB_SCHEDULER = -8
+    JOB_HAS_FAILED_CHILDREN = -9
+    SCHEDULER_JOB_ID_COLLISION = -10
+    SCHEDULER_JOB_SLOTS_BUSY = -11
+
+    @property
+    def node_name(self) -> str:
+        """The member's name in Node (``JobNotExist`` ...)."""
+        return "".join(part.capitalize() for part in self.name.split("_"))
+
+
+class MetricsTime(_enum.IntEnum):
+    """Node's ``MetricsTime``: sizes, in one-minute points, for a worker's ``metrics={"max_data_points": ...}``."""
+
+    ONE_MINUTE = 1
+    FIVE_MINUTES = 5
+    FIFTEEN_MINUTES = 15
+    THIRTY_MINUTES = 30
+    ONE_HOUR = 60
+    ONE_WEEK = 10080
+    TWO_WEEKS = 20160
+    ONE_MONTH = 80640

@@ -17,7 +17,9 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from bullmq_compat._backends import open_backend
 from bullmq_compat._backends.base import NewJob
-from bullmq_compat._errors import BullMQCompatError, InvalidArgument, InvalidJobOptions, script_error
+from bullmq_compat._errors import (
+    BullMQCompatError, InvalidArgument, InvalidJobOptions, ParentJobNotFound, script_error,
+)
 from bullmq_compat._job import Job
 from bullmq_compat._queue import Connection, Queue, check_prefix, check_queue_name
 from opentelemetry.trace import SpanKind
@@ -148,7 +150,11 @@ class FlowProducer:
         return (await self._add([flow], queues_options, bulk=False))[0]
 
     async def add_bulk(self, flows: Sequence[Mapping[str, Any]]) -> list[JobNode]:
-        """Add several flows in one transaction; a bad one refuses them all before anything is written."""
+        """Add several flows in one transaction; a bad one refuses them all before anything is written.
+
+        A root whose ``opts["parent"]`` names a job that does not exist raises `ParentJobNotFound`
+        and writes nothing, of that tree or of the others (Node writes the other trees and returns
+        every tree, the one refused included, as if it had been added)."""
         if isinstance(flows, (str, bytes, Mapping)) or not isinstance(flows, Sequence):
             raise InvalidArgument(f"add_bulk takes a list of flows, not {type(flows).__name__}")
         return await self._add(list(flows), None, bulk=True)
@@ -183,7 +189,16 @@ class FlowProducer:
         if not entries:
             return roots
         await self.wait_until_ready()
-        results = await self._backend.add_flow([entry.prepared for entry in entries])
+        try:
+            results = await self._backend.add_flow([entry.prepared for entry in entries])
+        except ParentJobNotFound as err:
+            trees = [f"flow[{i}]" for i, root in enumerate(roots) if root.job.parent_key == err.parent_key]
+            if trees and len(roots) > 1:
+                refused = ParentJobNotFound(f"{', '.join(trees)}: {err}; nothing was added", job_id=err.job_id,
+                                            command=err.command)
+                refused.parent_key = err.parent_key
+                raise refused from None
+            raise
         for entry, result in zip(entries, results):
             if isinstance(result, BaseException):
                 raise result

@@ -16,7 +16,7 @@ from bullmq_compat._errors import (
 )
 from bullmq_compat._job_flow import FlowJobMixin
 from bullmq_compat._wire import codec
-from bullmq_compat._wire.options import from_wire, normalize_job_options
+from bullmq_compat._wire.options import from_wire, normalize_job_options, to_node_names
 from bullmq_compat._wire.options import attempts_of, int_or_zero
 
 if TYPE_CHECKING:
@@ -55,6 +55,44 @@ def _json(text: Optional[str], default: Any) -> Any:
         return codec.loads(text)
     except ValueError:
         return default
+
+
+def _js_int(text: Optional[str]) -> Any:
+    """``parseInt(text)`` of a stored number: an int, or None where JavaScript gives NaN."""
+    if text is None:
+        return None
+    try:
+        return int(float(text))
+    except (ValueError, OverflowError):
+        return None
+
+
+def _opts_from_stored(text: Optional[str]) -> dict[str, Any]:
+    """Node's optsFromJSON: stored options (short keys) → JobsOptions names (``tm``/``omc`` into
+    ``telemetry``)."""
+    stored = _json(text or "{}", {})
+    return to_node_names(from_wire(stored)) if isinstance(stored, dict) else {}
+
+
+def job_json_from_raw(raw: Mapping[str, str]) -> dict[str, Any]:
+    """A job hash as Node's ``JobJson`` (rawToJobJson): ``data`` stays JSON text, numbers are
+    numbers, options have Node's names; fields the hash lacks are left out (Node: undefined)."""
+    out: dict[str, Any] = {
+        "id": raw.get("id"), "name": raw.get("name"), "data": raw.get("data") or "{}",
+        "opts": _opts_from_stored(raw.get("opts")), "progress": _json(raw.get("progress") or "0", 0),
+        "delay": _js_int(raw.get("delay")), "priority": _js_int(raw.get("priority")),
+        "timestamp": _js_int(raw.get("timestamp")), "attemptsStarted": _js_int(raw.get("ats") or "0"),
+        "attemptsMade": _js_int(raw.get("attemptsMade") or raw.get("atm") or "0"),
+        "stalledCounter": _js_int(raw.get("stc") or "0"),
+        "finishedOn": _js_int(raw.get("finishedOn")) if raw.get("finishedOn") else None,
+        "processedOn": _js_int(raw.get("processedOn")) if raw.get("processedOn") else None,
+        "repeatJobKey": raw.get("rjk"), "debounceId": raw.get("deid"), "deduplicationId": raw.get("deid"),
+        "failedReason": raw.get("failedReason"), "deferredFailure": raw.get("defa"),
+        "stacktrace": raw.get("stacktrace"), "returnvalue": raw.get("returnvalue"),
+        "parentKey": raw.get("parentKey"), "parent": _json(raw["parent"], None) if raw.get("parent") else None,
+        "processedBy": raw.get("pb"),
+    }
+    return {key: value for key, value in out.items() if value is not None}
 
 
 class Job(FlowJobMixin):
@@ -153,6 +191,110 @@ class Job(FlowJobMixin):
         job.parse_error = "; ".join(problems) or None
         return job
 
+    # -- Node's static constructors -------------------------------------------------------
+    @classmethod
+    async def create(cls, queue: Any, name: str, data: Any = None, opts: Optional[Mapping[str, Any]] = None) -> "Job":
+        """Add one job to ``queue`` (Node's ``Job.create``): as `Queue.add`, but without the
+        queue's 'waiting' event."""
+        job: Job = await queue._add_one(name, data, dict(opts or {}))
+        return job
+
+    @classmethod
+    async def create_bulk(cls, queue: Any, jobs: Any) -> list["Job"]:
+        """Add many jobs to ``queue`` in one round trip (Node's ``Job.createBulk``): as `Queue.add_bulk`."""
+        added: list[Job] = await queue.add_bulk(jobs)
+        return added
+
+    @classmethod
+    async def from_id(cls, queue: "QueueBase", job_id: Optional[str]) -> Optional["Job"]:
+        """The job ``job_id`` of ``queue``, or None (Node's ``Job.fromId``; an empty id gives None)."""
+        if not job_id:
+            return None
+        return await queue.get_job(str(job_id))
+
+    @classmethod
+    def from_json(cls, queue: "QueueBase", json: Mapping[str, Any], job_id: Optional[str] = None) -> "Job":
+        """A Job from Node's ``JobJson`` (what `Queue.get_dependencies` lists, or `as_json` gives):
+        ``data`` as JSON text, Node's field and option names (Node's ``Job.fromJSON``)."""
+        if not isinstance(json, Mapping):
+            raise InvalidArgument(f"json={json!r} must be a dict shaped as Node's JobJson")
+        try:
+            data = codec.loads(json.get("data") or "{}")
+        except (TypeError, ValueError) as err:
+            raise InvalidArgument(f"JobJson data {json.get('data')!r} is not JSON text ({err})") from None
+        opts = json.get("opts") or {}
+        if not isinstance(opts, Mapping):
+            raise InvalidArgument(f"JobJson opts {opts!r} must be a dict")
+        job = cls(queue, str(json.get("name") or ""), data, from_wire(opts), json.get("id") or job_id)
+        job.progress = json.get("progress", 0) if json.get("progress") is not None else 0
+        job.delay = int_or_zero(json.get("delay"))
+        job.priority = int_or_zero(json.get("priority"))
+        job.timestamp = int_or_zero(json.get("timestamp"))
+        job.finished_on = json.get("finishedOn") or None
+        job.processed_on = json.get("processedOn") or None
+        job.repeat_job_key = json.get("repeatJobKey") or job.repeat_job_key
+        job.deduplication_id = json.get("deduplicationId") or job.deduplication_id
+        job.failed_reason = json.get("failedReason") or None
+        job.attempts_started = int_or_zero(json.get("attemptsStarted"))
+        job.attempts_made = int_or_zero(json.get("attemptsMade"))
+        job.stalled_counter = int_or_zero(json.get("stalledCounter"))
+        job.deferred_failure = json.get("deferredFailure") or None
+        traces = _json(json.get("stacktrace") or None, [])
+        job.stacktrace = traces if isinstance(traces, list) else []
+        if isinstance(json.get("returnvalue"), str):
+            job.returnvalue = _json(json["returnvalue"], None)
+        job.parent_key = json.get("parentKey") or None
+        job.parent = json.get("parent") or None
+        job.processed_by = json.get("processedBy") or None
+        return job
+
+    # -- Node's views ---------------------------------------------------------------------
+    @property
+    def queue_name(self) -> str:
+        """The name of this job's queue."""
+        return self.queue.name
+
+    @property
+    def prefix(self) -> str:
+        """The key prefix of this job's queue, as Node derives it from the qualified name
+        (``""`` where the backend has none, e.g. PostgreSQL)."""
+        qualified, name = self.queue.qualified_name, self.queue.name
+        return qualified[:len(qualified) - len(name) - 1] if len(qualified) > len(name) + 1 else ""
+
+    def as_json(self) -> dict[str, Any]:
+        """The job as Node's ``asJSON`` prepares it for storage: ``data``, ``failedReason``,
+        ``stacktrace`` and ``returnvalue`` as JSON text, Node's names, unset fields left out."""
+        out: dict[str, Any] = {
+            "id": self.id, "name": self.name, "data": codec.dumps(self.data),
+            "opts": {"attempts": 0, **to_node_names(self.opts)},
+            "parent": dict(self.parent) if self.parent else None, "parentKey": self.parent_key,
+            "progress": self.progress, "attemptsMade": self.attempts_made,
+            "attemptsStarted": self.attempts_started, "stalledCounter": self.stalled_counter,
+            "finishedOn": self.finished_on, "processedOn": self.processed_on, "timestamp": self.timestamp,
+            "failedReason": codec.dumps(self.failed_reason) if self.failed_reason is not None else None,
+            "stacktrace": codec.dumps(self.stacktrace), "deduplicationId": self.deduplication_id,
+            "repeatJobKey": self.repeat_job_key, "returnvalue": codec.dumps(self.returnvalue),
+        }
+        return {key: value for key, value in out.items() if value is not None}
+
+    def to_json(self) -> dict[str, Any]:
+        """The job as Node's ``toJSON`` shows it (``JSON.stringify(job)``): its fields by Node's
+        names, values decoded, without the queue."""
+        out: dict[str, Any] = {
+            "name": self.name, "data": self.data, "opts": {"attempts": 0, **to_node_names(self.opts)},
+            "id": self.id, "progress": self.progress, "returnvalue": self.returnvalue,
+            "stacktrace": self.stacktrace, "delay": self.delay, "priority": self.priority,
+            "attemptsStarted": self.attempts_started, "attemptsMade": self.attempts_made,
+            "stalledCounter": self.stalled_counter, "repeatJobKey": self.repeat_job_key,
+            "timestamp": self.timestamp, "parentKey": self.parent_key, "parent": self.parent,
+            "deduplicationId": self.deduplication_id, "queueQualifiedName": self.queue.qualified_name,
+            "finishedOn": self.finished_on, "processedOn": self.processed_on,
+            "failedReason": self.failed_reason, "processedBy": self.processed_by,
+            "deferredFailure": self.deferred_failure,
+        }
+        keep = {"returnvalue", "stacktrace"}  # null in Node's JSON rather than left out
+        return {key: value for key, value in out.items() if value is not None or key in keep}
+
     @property
     def full_key(self) -> str:
         """``<qualified queue name>:<id>``: the key a child's ``parent_key`` names."""
@@ -196,6 +338,10 @@ class Job(FlowJobMixin):
     async def is_active(self) -> bool:
         return await self.get_state() == "active"
 
+    async def is_waiting_children(self) -> bool:
+        """Whether this job waits for its children (or, a group job, for its group's turn)."""
+        return await self.get_state() == "waiting-children"
+
     async def wait_until_finished(self, queue_events: Any, timeout: Optional[int] = None) -> Any:
         """Wait (listening through a running `QueueEvents` of this queue) until the job finishes:
         its return value, or `JobFailed` with its failedReason; `JobWaitTimeout` after ``timeout`` ms.
@@ -233,6 +379,20 @@ class Job(FlowJobMixin):
         if not removed:
             raise BullMQCompatError(
                 f"Job {self.id} could not be removed because it is locked by another worker")
+        self.queue.emit("removed", self)
+
+    async def clear_logs(self, keep: Optional[int] = None) -> None:
+        """Remove this job's log lines, keeping the newest ``keep`` (None or 0: remove all)."""
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 0):
+            raise InvalidArgument(f"keep={keep!r} must be an int >= 0 (0: remove all) or None")
+        await self._backend.clear_logs(str(self.id), keep or None)
+
+    async def remove_deduplication_key(self) -> bool:
+        """Forget this job's deduplication id, so the next add with it makes a new job; only while
+        the id still points at this job (another job's claim is left alone). True when removed."""
+        if not self.deduplication_id:
+            return False
+        return bool(await self._backend.remove_deduplication_key(self.deduplication_id, str(self.id)))
 
     async def retry(self, state: str = "failed", *, reset_attempts_made: bool = False,
                     reset_attempts_started: bool = False) -> None:
@@ -358,8 +518,10 @@ class Job(FlowJobMixin):
             raise JobLockNotFound(f"Missing lock for job {self.id}. extendLock", job_id=str(self.id),
                                   command="extendLock")
 
-    async def move_to_wait(self, token: str) -> int:
+    async def move_to_wait(self, token: Optional[str] = None) -> int:
         """Put this active job back to waiting (as the worker does for `RateLimitError`); returns the
-        queue's rate-limit TTL in ms."""
+        queue's rate-limit TTL in ms. Without ``token``, as Node's default ``'0'``: the job's lock is
+        not checked (for a job taken by hand)."""
+        token = "0" if token is None else token
         channel = await self._channel()
         return int(await self.queue.finishing(lambda: channel.move_job_from_active_to_wait(str(self.id), token)) or 0)

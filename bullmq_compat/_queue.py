@@ -17,7 +17,7 @@ from bullmq_compat._groups import (
 )
 from bullmq_compat._job import Job
 from bullmq_compat._queue_manage import QueueManagementMixin
-from bullmq_compat._scheduler import JobSchedulerMixin
+from bullmq_compat._scheduler import JobSchedulerMixin, _template_opts, _upsert, normalize_repeat_options
 from bullmq_compat._telemetry import resolve as resolve_telemetry
 from bullmq_compat._wire import codec
 from bullmq_compat._wire.options import from_wire, merge_defaults, normalize_job_options, to_wire
@@ -120,6 +120,16 @@ class QueueBase(EventEmitter):
     async def _first_use(self) -> None:
         await self.backend.connect()
 
+    async def disconnect(self) -> None:
+        """Drop this object's connections now (Node's ``disconnect``); unlike `close`, the object
+        stays usable: its next call connects again."""
+        channel = self._plain_channel
+        if channel is not None:
+            self._plain_channel = None
+            await channel.close()
+        self._ready = None
+        await self.backend.disconnect()
+
     async def close(self) -> None:
         """Close the connections this object opened (a client passed as ``connection=`` stays open)."""
         self.closing = True
@@ -160,6 +170,22 @@ class QueueBase(EventEmitter):
             workers.append(fields)
         return workers
 
+    async def get_workers_count(self) -> int:
+        """How many workers (of any language) are connected to this queue (Node's getWorkersCount)."""
+        return len(await self.get_workers())
+
+    async def get_queue_events(self) -> list[dict[str, str]]:
+        """The QueueEvents connections (of any language) reading this queue, as Node's
+        getQueueEvents lists them: ``name`` is the queue name, ``rawname`` the connection's name."""
+        await self.wait_until_ready()
+        out = []
+        for fields in await self.backend.get_queue_events_clients():
+            fields = dict(fields)
+            fields["rawname"] = fields.get("name", "")
+            fields["name"] = self.name
+            out.append(fields)
+        return out
+
     async def get_job_state(self, job_id: str) -> str:
         """The state of job ``job_id``, as `Job.get_state` gives it ('unknown' when it does not exist)."""
         await self.wait_until_ready()
@@ -182,8 +208,24 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
                  default_job_options: Optional[Mapping[str, Any]] = None,
                  max_len_events: int = 10000, skip_meta_update: bool = False, telemetry: Any = None,
                  schema: Optional[str] = None, migrate: bool = False,
-                 backend: Optional[QueueBackend] = None) -> None:
+                 backend: Optional[QueueBackend] = None, repeat_strategy: Any = None,
+                 streams: Optional[Mapping[str, Any]] = None, settings: Optional[Mapping[str, Any]] = None,
+                 skip_metas_update: Optional[bool] = None, skip_version_check: bool = False,
+                 skip_waiting_for_ready: bool = False, blocking_connection: Optional[bool] = None) -> None:
+        # Node's QueueOptions under Python names (docs/compatibility.md has the table): streams and
+        # settings in Node's nested form; skip_version_check, skip_waiting_for_ready and
+        # blocking_connection change nothing here (no Redis version gate, connections open on
+        # first use, and a Queue never blocks), so they are accepted as Node accepts them
+        max_len_events = _events_max_len(streams, max_len_events)
+        repeat_strategy = _repeat_setting(settings, repeat_strategy)
+        if skip_metas_update is not None:
+            skip_meta_update = bool(skip_metas_update)
         super().__init__(name, connection, prefix=prefix, schema=schema, migrate=migrate, backend=backend)
+        if repeat_strategy is not None and not callable(repeat_strategy):
+            raise InvalidArgument(f"repeat_strategy={repeat_strategy!r} must be a function "
+                                  "(millis, repeat_opts, name) -> next run in ms, or None")
+        #: Node's settings.repeatStrategy: computes a cron scheduler's next time (None: the default)
+        self.repeat_strategy = repeat_strategy
         self.default_job_options = normalize_job_options(default_job_options or {}, extra=GROUP_OPTIONS)
         if isinstance(max_len_events, bool) or not isinstance(max_len_events, int) or max_len_events < 0:
             raise InvalidArgument(f"max_len_events={max_len_events!r} must be an int >= 0")
@@ -192,9 +234,14 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
         self.telemetry = resolve_telemetry(telemetry)
 
     async def _first_use(self) -> None:
-        await super()._first_use()
-        if not self.skip_meta_update:
-            await self.backend.set_meta({"opts.maxLenEvents": self.max_len_events, "version": LIBRARY_VERSION})
+        try:
+            await super()._first_use()
+            if not self.skip_meta_update:
+                await self.backend.set_meta({"opts.maxLenEvents": self.max_len_events, "version": LIBRARY_VERSION})
+        except Exception as err:
+            if self.listener_count("error"):  # as Node's Queue: connection trouble is also an 'error' event
+                self.emit("error", err)
+            raise
 
     # -- adding ---------------------------------------------------------------------------------
     def _new_job(self, name: str, data: Any, opts: Mapping[str, Any]) -> NewJob:
@@ -253,6 +300,11 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
         result = (await self._send([prepared]))[0]
         return self._job_from(prepared, self._check_result(prepared, result))
 
+    async def _add_emitting(self, name: str, data: Any, opts: Mapping[str, Any]) -> Job:
+        job = await self._add_one(name, data, opts)
+        self.emit("waiting", job)  # as Node's Queue.add (addBulk emits none)
+        return job
+
     async def add(self, name: str, data: Any = None, **opts: Any) -> Job:
         """Add one job. Options by Python or Node name: delay, priority, lifo, attempts, backoff,
         job_id, remove_on_complete, remove_on_fail, deduplication, keep_logs, size_limit, ...
@@ -261,7 +313,7 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
         """
         if self.telemetry is not None:
             return await self._add_traced(name, data, opts)
-        return await self._add_one(name, data, opts)
+        return await self._add_emitting(name, data, opts)
 
     @staticmethod
     def _with_trace_context(opts: Mapping[str, Any], metadata: str) -> dict[str, Any]:
@@ -274,7 +326,7 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
     async def _add_traced(self, name: str, data: Any, opts: Mapping[str, Any]) -> Job:
         assert self.telemetry is not None
         with self.telemetry.span(SpanKind.PRODUCER, self.name, "add", f"{self.name}.{name}") as (span, metadata):
-            job = await self._add_one(name, data, self._with_trace_context(opts, metadata))
+            job = await self._add_emitting(name, data, self._with_trace_context(opts, metadata))
             span.set_attributes({telemetry_attrs.JOB_NAME: name, telemetry_attrs.JOB_ID: str(job.id),
                                  telemetry_attrs.MESSAGING_MESSAGE_ID: str(job.id)})
             return job
@@ -372,3 +424,252 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
         """Forget ``deduplication_id`` so the next add with it makes a new job; 1 when it was set."""
         await self.wait_until_ready()
         return await self.backend.remove_deduplication_key(deduplication_id)
+
+    async def get_debounce_job_id(self, debounce_id: str) -> Optional[str]:
+        """Node's deprecated name of `get_deduplication_job_id`."""
+        return await self.get_deduplication_job_id(debounce_id)
+
+    async def remove_debounce_key(self, debounce_id: str) -> int:
+        """Node's deprecated name of `remove_deduplication_key`."""
+        return await self.remove_deduplication_key(debounce_id)
+
+    # -- Node's other getters -----------------------------------------------------------------
+    async def get_waiting_count(self) -> int:
+        """Jobs waiting (or paused) to be processed."""
+        return await self.get_job_count_by_types("waiting")
+
+    async def get_active_count(self) -> int:
+        """Jobs being processed now."""
+        return await self.get_job_count_by_types("active")
+
+    async def get_delayed_count(self, timestamp: Optional[int] = None) -> int:
+        """Delayed jobs; with ``timestamp`` (epoch ms), only those due strictly before it (Node 6.6+)."""
+        if timestamp is None:
+            return await self.get_job_count_by_types("delayed")
+        if isinstance(timestamp, bool) or not isinstance(timestamp, int) or abs(timestamp) > 2**53 - 1:
+            raise InvalidArgument(f"timestamp={timestamp!r} must be a safe integer in milliseconds")
+        await self.wait_until_ready()
+        return int((await self.backend.get_counts(["delayed"], timestamp))[0] or 0)
+
+    async def get_completed_count(self) -> int:
+        return await self.get_job_count_by_types("completed")
+
+    async def get_failed_count(self) -> int:
+        return await self.get_job_count_by_types("failed")
+
+    async def get_prioritized_count(self) -> int:
+        """Jobs waiting with a priority."""
+        return await self.get_job_count_by_types("prioritized")
+
+    async def get_waiting_children_count(self) -> int:
+        """Parents waiting for their children (and group jobs held behind their group's gate)."""
+        return await self.get_job_count_by_types("waiting-children")
+
+    async def get_prioritized(self, start: int = 0, end: int = -1) -> list[Job]:
+        """Jobs waiting with a priority, in the order workers take them."""
+        return await self.get_jobs(["prioritized"], start, end, True)
+
+    async def get_waiting_children(self, start: int = 0, end: int = -1) -> list[Job]:
+        """Parents waiting for their children."""
+        return await self.get_jobs(["waiting-children"], start, end, True)
+
+    async def get_global_rate_limit(self) -> Optional[dict[str, int]]:
+        """``{"max": n, "duration": ms}`` set by `set_global_rate_limit`, or None."""
+        await self.wait_until_ready()
+        meta = await self.backend.get_meta()
+        max_jobs, duration = meta.get("max"), meta.get("duration")
+        if max_jobs and duration:
+            return {"max": _js_number(max_jobs), "duration": _js_number(duration)}
+        return None
+
+    async def get_meta(self) -> dict[str, Any]:
+        """The queue's meta hash as Node's getMeta parses it: ``concurrency``, ``max``,
+        ``duration`` and ``maxLenEvents`` (from ``opts.maxLenEvents``) as numbers when set,
+        ``paused`` as a bool, every other field (``version`` ...) as stored."""
+        await self.wait_until_ready()
+        meta = dict(await self.backend.get_meta())
+        parsed: dict[str, Any] = {k: v for k, v in meta.items()
+                                  if k not in ("concurrency", "max", "duration", "paused", "opts.maxLenEvents")}
+        for field, key in (("concurrency", "concurrency"), ("opts.maxLenEvents", "maxLenEvents"),
+                           ("max", "max"), ("duration", "duration")):
+            if meta.get(field):
+                parsed[key] = _js_number(meta[field])
+        parsed["paused"] = meta.get("paused") == "1"
+        return parsed
+
+    async def get_version(self) -> Optional[str]:
+        """The ``version`` field of the queue's meta (``"bullmq:6.7.0"`` when Node wrote it last,
+        ``"bullmq-compat:…"`` when we did), or None when nobody has."""
+        await self.wait_until_ready()
+        return await self.backend.get_meta_field("version")
+
+    async def get_dependencies(self, parent_id: str, type: str, start: int = 0, end: int = -1) -> dict[str, Any]:
+        """One page of a parent's children, as Node's ``Queue.getDependencies``: ``type``
+        "processed" (children done: ``items`` are ``{"id": child key, "v": return value}``) or
+        "pending" (``{"id": child key}``); ``jobs`` the children's Node ``JobJson`` (see
+        `Job.from_json`), ``total`` how many children of that type there are."""
+        if type not in ("processed", "pending"):
+            raise InvalidArgument(f"type={type!r} must be 'processed' or 'pending'")
+        for label, value, minimum in (("start", start, 0), ("end", end, -1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise InvalidArgument(f"{label}={value!r} must be an int >= {minimum}")
+        await self.wait_until_ready()
+        page = await self.backend.paginate_dependencies(str(parent_id), type, start, end)
+        from bullmq_compat._job import job_json_from_raw
+
+        return {"items": page["items"], "jobs": [job_json_from_raw(raw) for raw in page["jobs"] if raw],
+                "total": page["total"]}
+
+    async def update_job_progress(self, job_id: str, progress: Any) -> None:
+        """Set job ``job_id``'s progress (a number or JSON-serialisable object); emits 'progress'
+        (job id, progress) on this queue, and upstream's 'progress' event for QueueEvents."""
+        text = codec.dumps(progress, what="progress")
+        await self.wait_until_ready()
+        await self.backend.update_progress(str(job_id), text)
+        self.emit("progress", str(job_id), progress)
+
+    async def add_job_log(self, job_id: str, row: str, keep_logs: Optional[int] = None) -> int:
+        """Append a log line to job ``job_id``, keeping at most ``keep_logs`` (None or 0: all);
+        returns how many lines it has now."""
+        if keep_logs is not None and (isinstance(keep_logs, bool) or not isinstance(keep_logs, int) or keep_logs < 0):
+            raise InvalidArgument(f"keep_logs={keep_logs!r} must be an int >= 0 (0: keep all) or None")
+        if not isinstance(row, str):
+            raise InvalidArgument(f"row={row!r} must be a str")
+        await self.wait_until_ready()
+        return int(await self.backend.add_log(str(job_id), row, keep_logs or None))
+
+    async def export_prometheus_metrics(self, global_variables: Optional[Mapping[str, Any]] = None) -> str:
+        """The queue's job counts and completed/failed totals in Prometheus' text format, the same
+        text as Node's ``exportPrometheusMetrics`` for the same queue state; ``global_variables``
+        adds labels to every sample (``{"env": "prod"}``)."""
+        if global_variables is not None and not isinstance(global_variables, Mapping):
+            raise InvalidArgument(f"global_variables={global_variables!r} must be a dict of label -> value")
+        counts = await self.get_job_counts()
+        name = _prometheus_label(self.name)
+        labels = "".join(f', {key}="{_prometheus_label(value)}"' for key, value in (global_variables or {}).items())
+        lines = ["# HELP bullmq_job_count Number of jobs in the queue by state",
+                 "# TYPE bullmq_job_count gauge"]
+        lines += [f'bullmq_job_count{{queue="{name}", state="{state}"{labels}}} {count}'
+                  for state, count in counts.items()]
+        completed, failed = await asyncio.gather(self.get_metrics("completed"), self.get_metrics("failed"))
+        lines += ["# HELP bullmq_job_completed_total Total number of completed jobs",
+                  "# TYPE bullmq_job_completed_total counter",
+                  f'bullmq_job_completed_total{{queue="{name}"{labels}}} {completed["meta"]["count"]}',
+                  "# HELP bullmq_job_failed_total Total number of failed jobs",
+                  "# TYPE bullmq_job_failed_total counter",
+                  f'bullmq_job_failed_total{{queue="{name}"{labels}}} {failed["meta"]["count"]}']
+        return "\n".join(lines)
+
+
+def _events_max_len(streams: Optional[Mapping[str, Any]], max_len_events: int) -> int:
+    """Node's ``streams: {events: {maxLen}}`` → ``max_len_events``."""
+    if streams is None:
+        return max_len_events
+    events = streams.get("events") if isinstance(streams, Mapping) else None
+    if not isinstance(streams, Mapping) or set(streams) - {"events"} or not isinstance(events, Mapping) \
+            or set(events) - {"max_len", "maxLen"} or len(events) != 1:
+        raise InvalidArgument(f"streams={streams!r} must be {{'events': {{'max_len': n}}}} (Node's streams.events.maxLen)")
+    return events.get("max_len", events.get("maxLen"))  # type: ignore[no-any-return]  # checked as max_len_events
+
+
+def _repeat_setting(settings: Optional[Mapping[str, Any]], repeat_strategy: Any) -> Any:
+    """Node's ``settings`` (AdvancedRepeatOptions) → the repeat strategy."""
+    if settings is None:
+        return repeat_strategy
+    if not isinstance(settings, Mapping):
+        raise InvalidArgument(f"settings={settings!r} must be a dict such as {{'repeat_strategy': f}}")
+    for key in settings:
+        if key in ("repeat_key_hash_algorithm", "repeatKeyHashAlgorithm"):
+            raise InvalidArgument(f"settings.{key}: BullMQ 6.7 reads it nowhere (it hashed the keys of legacy "
+                                  "repeatable jobs, which BullMQ 6 replaced by job schedulers); remove it")
+        if key not in ("repeat_strategy", "repeatStrategy"):
+            raise InvalidArgument(f"settings has an unknown key {key!r}; a Queue's settings take repeat_strategy")
+    given = settings.get("repeat_strategy", settings.get("repeatStrategy"))
+    if given is not None and repeat_strategy is not None and given is not repeat_strategy:
+        raise InvalidArgument("repeat_strategy is given twice (as repeat_strategy= and in settings=): give one")
+    return given if given is not None else repeat_strategy
+
+
+def _js_string(value: Any) -> str:
+    """``String(value)`` as JavaScript writes it for the JSON-able values a label can be."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e21:
+        return str(int(value))
+    return str(value)
+
+
+def _prometheus_label(value: Any) -> str:
+    """A label value escaped as Prometheus' text format (and Node) escape it: backslash, double
+    quote and newline."""
+    return _js_string(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _js_number(text: str) -> Any:
+    """``Number(text)`` for a meta field: an int when whole, else a float."""
+    try:
+        number = float(text)
+    except ValueError:
+        return float("nan")
+    return int(number) if number.is_integer() else number
+
+
+class JobScheduler(QueueBase):
+    """Node's public ``JobScheduler`` class: a queue's job schedulers on their own, with Node's
+    signatures (`Queue.upsert_job_scheduler` and friends run the same code).
+
+    >>> schedulers = JobScheduler("reports", connection="redis://127.0.0.1:6379/0")
+    >>> job = await schedulers.upsert_job_scheduler("daily", {"pattern": "0 9 * * *"}, "report", {"to": "ops"})
+    """
+
+    def __init__(self, name: str, connection: Connection = None, *, prefix: str = "bull",
+                 repeat_strategy: Any = None, telemetry: Any = None, schema: Optional[str] = None,
+                 migrate: bool = False, backend: Optional[QueueBackend] = None) -> None:
+        super().__init__(name, connection, prefix=prefix, schema=schema, migrate=migrate, backend=backend)
+        if repeat_strategy is not None and not callable(repeat_strategy):
+            raise InvalidArgument(f"repeat_strategy={repeat_strategy!r} must be a function "
+                                  "(millis, repeat_opts, name) -> next run in ms, or None")
+        self.repeat_strategy = repeat_strategy
+        self.telemetry = resolve_telemetry(telemetry)
+        self.default_job_options: dict[str, Any] = {}
+
+    async def upsert_job_scheduler(self, job_scheduler_id: str, repeat: Mapping[str, Any], job_name: str,
+                                   job_data: Any = None, opts: Optional[Mapping[str, Any]] = None, *,
+                                   override: bool = True, producer_id: Optional[str] = None) -> Optional[Job]:
+        """Node's ``JobScheduler.upsertJobScheduler``: with ``override`` (what `Queue` does) create or
+        replace the scheduler and its next job; without, make the iteration after the job
+        ``producer_id`` (what a worker does on taking one). Returns the job made, or None."""
+        if not isinstance(job_scheduler_id, str) or not job_scheduler_id:
+            raise InvalidArgument(f"job_scheduler_id={job_scheduler_id!r} must be a non-empty str")
+        if not isinstance(job_name, str):
+            raise InvalidArgument(f"job_name={job_name!r} must be a str")
+        if not override and not producer_id:
+            raise InvalidArgument("producer_id (the id of the iteration taken) is needed when override=False")
+        repeat_opts = normalize_repeat_options(repeat)
+        data = {} if job_data is None else job_data
+        data_json = codec.dumps(data)
+        node_opts = (_template_opts({}, opts or {}) if override
+                     else normalize_job_options(opts or {}, extra=GROUP_OPTIONS))
+        await self.wait_until_ready()
+        return await _upsert(self, job_scheduler_id, repeat_opts, job_name, data, data_json, node_opts,
+                             override=override, producer_id=producer_id,
+                             wire_base=None if override else to_wire(node_opts))
+
+    async def get_scheduler(self, job_scheduler_id: str) -> Optional[dict[str, Any]]:
+        """The scheduler, as `Queue.get_job_scheduler` gives it, or None."""
+        return await JobSchedulerMixin.get_job_scheduler(self, job_scheduler_id)
+
+    async def get_job_schedulers(self, start: int = 0, end: int = -1, asc: bool = False) -> list[dict[str, Any]]:
+        """Schedulers by next run time, as `Queue.get_job_schedulers`."""
+        return await JobSchedulerMixin.get_job_schedulers(self, start, end, asc)
+
+    async def get_schedulers_count(self) -> int:
+        """How many job schedulers the queue has."""
+        return await JobSchedulerMixin.get_job_schedulers_count(self)
+
+    async def remove_job_scheduler(self, job_scheduler_id: str) -> bool:
+        """Remove the scheduler and its next job; True when there was one (Node's JobScheduler
+        answers the script's 0/1 instead; `Queue.remove_job_scheduler` turns it into this bool)."""
+        return await JobSchedulerMixin.remove_job_scheduler(self, job_scheduler_id)

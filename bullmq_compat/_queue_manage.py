@@ -27,15 +27,19 @@ class QueueManagementMixin:
     if TYPE_CHECKING:
         async def wait_until_ready(self) -> None: ...  # provided by QueueBase
 
+        def emit(self, event: str, *args: Any) -> bool: ...  # provided by EventEmitter
+
     async def pause(self) -> None:
         """Stop workers from taking new jobs of this queue (all languages)."""
         await self.wait_until_ready()
         await self.backend.pause(True)
+        self.emit("paused")
 
     async def resume(self) -> None:
         """Let workers (all languages) take jobs of this queue again after `pause`."""
         await self.wait_until_ready()
         await self.backend.pause(False)
+        self.emit("resumed")
 
     async def is_paused(self) -> bool:
         """Whether the queue is paused (by any client, Python or Node)."""
@@ -48,13 +52,29 @@ class QueueManagementMixin:
         await self.backend.drain(delayed)
 
     async def clean(self, grace: int, limit: int = 0, type: str = "completed") -> list[str]:
-        """Remove jobs of one state older than ``grace`` ms (at most ``limit``, 0 = all); returns their ids."""
+        """Remove jobs of one state older than ``grace`` ms (at most ``limit``, 0 = all); returns their ids.
+
+        As Node, the jobs go in batches of at most 10000, and each batch emits ``'cleaned'`` (ids,
+        type; ``'wait'`` for ``'waiting'``)."""
         if type not in _CLEANABLE:
             raise InvalidArgument(f"type={type!r} cannot be cleaned; one of {', '.join(sorted(_CLEANABLE))}")
         if isinstance(grace, bool) or not isinstance(grace, int) or grace < 0:
             raise InvalidArgument(f"grace={grace!r} must be an int number of ms >= 0")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise InvalidArgument(f"limit={limit!r} must be an int >= 0 (0: all)")
         await self.wait_until_ready()
-        return await self.backend.clean(type, int(time.time() * 1000) - grace, limit)
+        max_count = limit or float("inf")
+        per_call = int(min(10000, max_count))
+        timestamp = int(time.time() * 1000) - grace
+        normalized = "wait" if type == "waiting" else type
+        deleted: list[str] = []
+        while len(deleted) < max_count:
+            ids = list(await self.backend.clean(type, timestamp, per_call))
+            self.emit("cleaned", ids, normalized)
+            deleted.extend(ids)
+            if len(ids) < per_call:
+                break
+        return deleted
 
     async def obliterate(self, force: bool = False, count: int = 1000) -> None:
         """Delete the whole queue; refuses while jobs are active unless force=True."""
@@ -64,7 +84,10 @@ class QueueManagementMixin:
     async def remove(self, job_id: str, remove_children: bool = True) -> int:
         """Remove a job; 1 when removed, 0 when it is locked by a worker."""
         await self.wait_until_ready()
-        return await self.backend.remove(str(job_id), remove_children)
+        code = await self.backend.remove(str(job_id), remove_children)
+        if code == 1:
+            self.emit("removed", str(job_id))
+        return code
 
     async def retry_jobs(self, count: int = 1000, state: str = "failed",
                          timestamp: Optional[int] = None) -> None:
@@ -85,10 +108,11 @@ class QueueManagementMixin:
         await self.wait_until_ready()
         await self.backend.set_meta({"concurrency": concurrency})
 
-    async def remove_global_concurrency(self) -> None:
-        """Remove the limit set by `set_global_concurrency`."""
+    async def remove_global_concurrency(self) -> int:
+        """Remove the limit set by `set_global_concurrency`; returns the number of fields removed
+        (1, or 0 when there was none), as Node."""
         await self.wait_until_ready()
-        await self.backend.remove_meta_fields(["concurrency"])
+        return int(await self.backend.remove_meta_fields(["concurrency"]))
 
     async def set_global_rate_limit(self, max: int, duration: int) -> None:
         """At most ``max`` jobs per ``duration`` ms for the whole queue."""
@@ -97,10 +121,38 @@ class QueueManagementMixin:
         await self.wait_until_ready()
         await self.backend.set_meta({"max": max, "duration": duration})
 
-    async def remove_global_rate_limit(self) -> None:
-        """Remove the limit set by `set_global_rate_limit`."""
+    async def remove_global_rate_limit(self) -> int:
+        """Remove the limit set by `set_global_rate_limit`; returns the number of fields removed
+        (2: max and duration, or 0 when there was none), as Node."""
         await self.wait_until_ready()
-        await self.backend.remove_meta_fields(["max", "duration"])
+        return int(await self.backend.remove_meta_fields(["max", "duration"]))
+
+    async def is_maxed(self) -> bool:
+        """Whether the global concurrency (`set_global_concurrency`) is reached: as many jobs
+        active as it allows."""
+        await self.wait_until_ready()
+        return bool(await self.backend.is_maxed())
+
+    async def rate_limit(self, expire_ms: int) -> None:
+        """Rate-limit the whole queue for ``expire_ms`` ms: no worker (of any language) takes a job
+        of it until then (Node's ``queue.rateLimit``)."""
+        _positive_int("expire_ms", expire_ms)
+        await self.wait_until_ready()
+        await self.backend.set_rate_limit(expire_ms)
+
+    async def remove_rate_limit_key(self) -> int:
+        """End the queue's current rate-limit window now; 1 when there was one, else 0."""
+        await self.wait_until_ready()
+        return int(await self.backend.remove_rate_limit_key())
+
+    async def remove_orphaned_jobs(self, count: int = 1000, limit: int = 0) -> int:
+        """Delete job data no state of the queue lists (left by BullMQ 5.66.6's removal-by-age bug;
+        not needed otherwise), scanning about ``count`` keys a round and stopping once ``limit``
+        jobs are removed (0: no limit); returns how many were removed."""
+        _positive_int("count", count)
+        _positive_int("limit", limit, 0)
+        await self.wait_until_ready()
+        return int(await self.backend.remove_orphaned_jobs(count, limit))
 
     async def get_global_concurrency(self) -> Optional[int]:
         """The limit set by `set_global_concurrency`, or None."""

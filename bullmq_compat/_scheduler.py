@@ -13,6 +13,7 @@ once whoever takes the job. Cron times are computed as cron-parser computes them
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import time
@@ -31,8 +32,8 @@ from bullmq_compat._wire.options import JOB_OPTIONS, from_wire, normalize_job_op
 if TYPE_CHECKING:
     from bullmq_compat._queue import QueueBase
 
-__all__ = ["JobSchedulerMixin", "advance_job_scheduler", "normalize_repeat_options",
-           "is_legacy_repeat_key"]
+__all__ = ["JobSchedulerMixin", "advance_job_scheduler", "default_repeat_strategy",
+           "normalize_repeat_options", "is_legacy_repeat_key"]
 
 logger = logging.getLogger("bullmq_compat.scheduler")
 
@@ -170,6 +171,38 @@ def _next_cron(repeat: Mapping[str, Any], millis: int) -> Optional[int]:
         return _now_ms()
     return next_cron_millis(repeat["pattern"], millis, tz=repeat.get("tz"),
                             start_date=repeat.get("startDate"), end_date=repeat.get("endDate"))
+
+
+def default_repeat_strategy(millis: int, opts: Mapping[str, Any], name: Optional[str] = None) -> Optional[int]:
+    """Node's ``defaultRepeatStrategy``: the next time (epoch ms) of a cron scheduler after
+    ``millis`` -- the pattern's next time in ``tz`` from ``max(millis, start_date)``, now when
+    ``immediately``, None when there is none before ``end_date``. ``opts`` are the repeat options
+    (Node's or Python names); ``name`` (the job name) is unused, as in Node.
+
+    Pass your own function with the same signature as ``Queue(..., repeat_strategy=f)`` to
+    compute the times yourself; it may be async."""
+    repeat = {_REPEAT_KEYS.get(key, key): value for key, value in opts.items()}
+    if not isinstance(repeat.get("pattern"), str):
+        raise InvalidArgument(f"repeat options {dict(opts)!r} have no cron 'pattern'")
+    for key in ("startDate", "endDate"):
+        if repeat.get(key) is not None:
+            repeat[key] = _ms(key, repeat[key])
+    return _next_cron(repeat, int(millis))
+
+
+async def _strategy_next(queue: Any, repeat: Mapping[str, Any], now: int, name: str) -> Optional[int]:
+    """The next cron time by the queue's ``repeat_strategy`` (Node's settings.repeatStrategy)."""
+    strategy = getattr(queue, "repeat_strategy", None)
+    if strategy is None:
+        return _next_cron(repeat, now)
+    result = strategy(now, dict(repeat), name)
+    if inspect.isawaitable(result):
+        result = await result
+    if result is None:
+        return None
+    if isinstance(result, bool) or not isinstance(result, (int, float)) or not math.isfinite(result):
+        raise BullMQCompatError(f"repeat_strategy returned {result!r}; it must return epoch ms (an int) or None")
+    return int(result)
 
 
 def is_legacy_repeat_key(key: str) -> bool:
@@ -336,7 +369,7 @@ async def _upsert_untraced(queue: "QueueBase", scheduler_id: str, repeat: dict[s
     new_offset = offset if every and offset else None
     next_millis: Optional[int] = None
     if pattern:
-        next_millis = _next_cron(repeat, now)
+        next_millis = await _strategy_next(queue, repeat, now, name)
         if next_millis is not None and next_millis < now:
             next_millis = now
     if not next_millis and not every:
@@ -429,3 +462,4 @@ async def advance_for_worker(worker: Any, job: Job) -> None:
         except Exception as err:
             worker.emit("error", BullMQCompatError(f"Failed to add repeatable job for next iteration: {err}"))
             return
+

@@ -167,6 +167,11 @@ class QueueBackend(abc.ABC):
     async def close(self) -> None:
         """Close what this backend opened (a client passed in by the user stays open)."""
 
+    async def disconnect(self) -> None:
+        """Drop this backend's connections now (Node's ``disconnect``); the next call connects
+        again. By default the same as `close`."""
+        await self.close()
+
     @abc.abstractmethod
     def for_queue(self, name: str, prefix: Optional[str] = None) -> "QueueBackend":
         """A backend for another queue on the same connection (flows across queues)."""
@@ -202,8 +207,10 @@ class QueueBackend(abc.ABC):
         finished, (-1, None) when there is no such job."""
 
     @abc.abstractmethod
-    async def get_counts(self, states: Sequence[str]) -> list[int]:
-        """Counts of jobs in each state (Python names: waiting, prioritized, waiting-children ...)."""
+    async def get_counts(self, states: Sequence[str], delayed_timestamp: Optional[int] = None) -> list[int]:
+        """Counts of jobs in each state (Python names: waiting, prioritized, waiting-children ...);
+        with ``delayed_timestamp`` (ms), ``delayed`` counts only jobs due strictly before it (Node's
+        ``getCounts(types, delayedTimestamp)``)."""
 
     @abc.abstractmethod
     async def get_jobs(self, states: Sequence[str], start: int, end: int, asc: bool
@@ -230,6 +237,31 @@ class QueueBackend(abc.ABC):
         """The connections of this queue's workers (of any language), as Node's getWorkers finds
         them: dicts with at least ``name`` (the connection's name)."""
 
+    @abc.abstractmethod
+    async def get_queue_events_clients(self) -> list[dict[str, str]]:
+        """The connections of this queue's QueueEvents readers (Node's ``getQueueEvents``: those
+        named ``<client name>:qe``), as `get_client_list` lists clients."""
+
+    @abc.abstractmethod
+    async def is_maxed(self) -> bool:
+        """Whether the queue's global concurrency is reached (Node's ``isMaxed``: active jobs >=
+        meta ``concurrency``)."""
+
+    @abc.abstractmethod
+    async def paginate_dependencies(self, parent_id: str, type: str, start: int, end: int) -> dict[str, Any]:
+        """One page of a parent's children (Node's ``Queue.getDependencies`` through
+        ``paginate``): ``type`` "processed" (children done, with values) or "pending" (children
+        not done); ``end`` -1 for all. Returns ``{"items": [{"id": child key, "v": value}] (a
+        value that is not JSON gives ``"err"`` instead of ``"v"``; pending items have ``id``
+        only), "jobs": [one JobFields per item, in the same order, ``{}`` where that child's hash is
+        gone], "total": how many children of that type there are}``."""
+
+    @abc.abstractmethod
+    async def remove_orphaned_jobs(self, count: int, limit: int) -> int:
+        """Delete job data that no state of the queue lists (Node's ``removeOrphanedJobs``),
+        scanning about ``count`` keys a batch, stopping once ``limit`` (0: no limit) are removed;
+        returns how many jobs were removed."""
+
     # -- queue meta (pause, limits, versions) -------------------------------------------------
     @abc.abstractmethod
     async def set_meta(self, values: Mapping[str, Any]) -> None: ...
@@ -252,6 +284,11 @@ class QueueBackend(abc.ABC):
 
     @abc.abstractmethod
     async def add_log(self, job_id: str, row: str, keep_logs: Optional[int]) -> int: ...
+
+    @abc.abstractmethod
+    async def clear_logs(self, job_id: str, keep_logs: Optional[int] = None) -> None:
+        """Remove a job's log lines, keeping the newest ``keep_logs`` when it is > 0 (Node's
+        ``clearLogs``); a job without logs is not an error."""
 
     @abc.abstractmethod
     async def remove(self, job_id: str, remove_children: bool) -> int: ...
@@ -294,7 +331,14 @@ class QueueBackend(abc.ABC):
         """Rate-limit the whole queue for ``expire_ms`` (Worker.rate_limit)."""
 
     @abc.abstractmethod
-    async def remove_deduplication_key(self, deduplication_id: str) -> int: ...
+    async def remove_rate_limit_key(self) -> int:
+        """End the queue's rate-limit window now (Node's ``removeRateLimitKey``); 1 when there was one."""
+
+    @abc.abstractmethod
+    async def remove_deduplication_key(self, deduplication_id: str, job_id: Optional[str] = None) -> int:
+        """Forget a deduplication id (Node's ``deleteDeduplicationKey``); with ``job_id``, only
+        while the id still points at that job (Node's ``removeDeduplicationKey`` script, used by
+        ``Job.removeDeduplicationKey``). 1 when a key was removed, else 0."""
 
     @abc.abstractmethod
     async def trim_events(self, max_length: int) -> int: ...

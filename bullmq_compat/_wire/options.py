@@ -131,12 +131,13 @@ def _deduplication(name: str, value: Any) -> dict[str, Any]:
     dedup = _rename(name, value, {
         "id": "id", "ttl": "ttl", "extend": "extend", "replace": "replace",
         "keep_last_if_active": "keepLastIfActive", "keepLastIfActive": "keepLastIfActive",
+        "reschedule": "reschedule",
     })
     if not isinstance(dedup.get("id"), str) or not dedup["id"]:
         raise InvalidJobOptions(f"option deduplication={value!r} needs a non-empty 'id' string")
     if "ttl" in dedup:
         dedup["ttl"] = _number(f"{name}.ttl", dedup["ttl"], integer=True)
-    for flag in ("extend", "replace", "keepLastIfActive"):
+    for flag in ("extend", "replace", "keepLastIfActive", "reschedule"):
         if flag in dedup:
             _bool(f"{name}.{flag}", dedup[flag])
     return dedup
@@ -195,6 +196,13 @@ _BY_WIRE: dict[str, JobOption] = {opt.wire: opt for opt in JOB_OPTIONS}
 # options Node sets itself (schedulers, repeat): accepted, but not offered in error messages
 _INTERNAL = frozenset({"prev_millis", "repeat_job_key"})
 
+# options that are not JobsOptions of 6.7.0, with what to do instead
+_REFUSED = {
+    "debounce": "Debounce option has been removed. Use deduplication option instead (as Node says)",
+    "repeat": "BullMQ 6 adds repeating jobs with queue.upsert_job_scheduler(id, repeat, template), "
+              "not with an add option",
+}
+
 _EXCLUSIVE = ("removeDependencyOnFailure", "failParentOnFailure", "continueParentOnFailure",
               "ignoreDependencyOnFailure")
 
@@ -213,6 +221,8 @@ def normalize_job_options(opts: Mapping[str, Any], *, extra: Mapping[str, Callab
             out[name] = _storable(name, extra[name](name, value))
             continue
         option = _BY_NAME.get(name)
+        if option is None and name in _REFUSED:
+            raise InvalidJobOptions(f"job option {name!r}: {_REFUSED[name]}")
         if option is None:
             allowed = ", ".join([o.python for o in JOB_OPTIONS if o.python not in _INTERNAL]
                                 + [n for n in extra if "_" in n or n.islower()])
@@ -289,6 +299,23 @@ def wire_to_node(stored: Mapping[str, Any]) -> dict[str, Any]:
 def from_wire(stored: Mapping[str, Any]) -> dict[str, Any]:
     """Stored options (short keys) → Python-named options, as `Job.opts` shows them."""
     return _renamed(stored, python=True)
+
+
+_NODE_NESTED = {v: k for k, v in _PY_NESTED.items()}
+
+
+def to_node_names(opts: Mapping[str, Any]) -> dict[str, Any]:
+    """`Job.opts` (Python names) → Node's JobsOptions names, without checking values (a foreign
+    job's options are shown as they are): ``keep_logs`` → ``keepLogs``, ``deduplication`` and
+    ``telemetry`` keys too; an option we do not know keeps its name."""
+    out: dict[str, Any] = {}
+    for key, value in opts.items():
+        option = _BY_NAME.get(key)
+        name = option.node if option else key
+        if name in ("deduplication", "telemetry") and isinstance(value, Mapping):
+            value = {_NODE_NESTED.get(k, k): v for k, v in value.items()}
+        out[name] = value
+    return out
 
 
 def to_node_form(python_opts: Mapping[str, Any]) -> dict[str, Any]:

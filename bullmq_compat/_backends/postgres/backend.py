@@ -331,6 +331,30 @@ class PostgresBackend(JobSchedulerCalls, QueueBackend):
         # this queue's workers, as Node's getWorkers matches them (not its QueueEvents, not others')
         return [{"name": name} for name in names if name == self.name or name.startswith(f"{self.name}:w:")]
 
+    async def get_queue_events_clients(self) -> list[dict[str, str]]:
+        names = (str(r["application_name"]) for r in (await self._run("get_client_list")).rows)
+        return [{"name": name} for name in names if name == f"{self.name}:qe"]
+
+    async def paginate_dependencies(self, parent_id: str, type: str, start: int, end: int) -> dict[str, Any]:
+        """As Node's paginate over a parent's ``:processed`` / ``:dependencies``: one query."""
+        status = "processed" if type == "processed" else "pending"
+        offset = max(start, 0)
+        limit = end - offset + 1 if end >= 0 else None
+        result = await self._run("paginate_dependencies", [self.name, self._id(parent_id), status, offset, limit])
+        items: list[dict[str, Any]] = []
+        jobs: list[JobFields] = []
+        for row in result.rows:
+            item: dict[str, Any] = {"id": str(row["child_key"])}
+            if status == "processed":
+                item["v"] = row["dep_value"]
+            items.append(item)
+            jobs.append(rows.job_fields(row) if row.get("id") is not None else {})
+        total = int(result.rows[0]["total"]) if result.rows else 0
+        return {"items": items, "jobs": jobs, "total": total}
+
+    async def remove_orphaned_jobs(self, count: int, limit: int) -> int:
+        return 0  # as Node's PostgreSQL backend: a row is never left without its state
+
     # -- queue meta ---------------------------------------------------------------------------
     async def set_meta(self, values: Mapping[str, Any]) -> None:
         if not values:

@@ -116,6 +116,16 @@ class RedisBackend(QueueBackend):
         if self._owns_handle:
             await self._handle.close()
 
+    async def disconnect(self) -> None:
+        """Drop the fast channel and (when we opened it) the client's connections; redis-py opens
+        new ones on the next command, and the fast channel is opened again on the next add."""
+        fast, self._fast = self._fast, None
+        self._connected = None
+        if fast:
+            await fast.close()
+        if self._owns_handle:
+            await self._handle.close()
+
     def for_queue(self, name: str, prefix: Optional[str] = None) -> "RedisBackend":
         return RedisBackend(name, None, prefix=prefix or self.prefix, handle=self._handle)
 
@@ -190,6 +200,7 @@ class RedisBackend(QueueBackend):
             add_to_waiting_children=has_children, defer_parent_release=True)
         prepared.parent_key = parent_key
         prepared.parent_link = parent_link
+        setattr(prepared, "job_key", self.keys.job(job.job_id))  # what its children's parent_key names
         return prepared
 
     async def add_flow(self, nodes: Sequence[Any]) -> list[Any]:
@@ -203,25 +214,56 @@ class RedisBackend(QueueBackend):
                 parents[node.parent_key] = node.parent_link
         for parent_key, link in parents.items():
             calls.append((release, [parent_key, f"{parent_key}:dependencies"], [link["queueKey"], link["id"], now]))
-        results = await self._transaction(calls)
+        # parents named from outside this call (a root's parent=): checked under WATCH, so that a
+        # missing one writes nothing at all (the scripts would refuse that tree's nodes, but the
+        # other trees of an add_bulk would be written)
+        own = {getattr(node, "job_key", None) for node in nodes}
+        external = sorted({key for key in parents if key not in own})
+        results = await self._transaction(calls, must_exist=external)
         for result in results[len(nodes):]:
             if isinstance(result, BaseException):
                 raise result
         return results[:len(nodes)]
 
-    async def _transaction(self, calls: list[tuple[Script, list[Any], list[Any]]]) -> list[Any]:
+    async def _transaction(self, calls: list[tuple[Script, list[Any], list[Any]]],
+                           must_exist: Sequence[str] = ()) -> list[Any]:
         """All calls in one MULTI/EXEC. Scripts are loaded first: a NOSCRIPT inside the transaction
-        would fail that one call and let the others run, breaking the all-or-nothing add."""
+        would fail that one call and let the others run, breaking the all-or-nothing add.
+
+        ``must_exist``: keys (external flow parents) checked under WATCH first; a missing one
+        raises `ParentJobNotFound` with nothing sent, and a change to one before EXEC (the
+        transaction is then dropped by Redis) makes the check run again."""
         scripts = list({script.sha: script for script, _, _ in calls}.values())
         loaded = await self.client.script_exists(*(s.sha for s in scripts))
         for script, present in zip(scripts, loaded):
             if not present:
                 await self.client.script_load(script.lua)
-        pipe = self.client.pipeline(transaction=True)
-        for script, keys, args in calls:
-            # execute_command, not pipe.evalsha: a RedisCluster pipeline blocks its evalsha method
-            pipe.execute_command("EVALSHA", script.sha, len(keys), *_argv(keys, args))
-        results = list(await pipe.execute(raise_on_error=False))
+        if must_exist and self.is_cluster:
+            # redis-py's cluster pipeline cannot run commands between WATCH and MULTI: check plainly
+            # (a parent removed in the instant before EXEC would leave that one tree refused)
+            for key in must_exist:
+                if not await self.client.exists(key):
+                    raise script_error(-5, command="addJob", parent_key=key)
+            must_exist = ()
+        for _ in range(100):
+            async with self.client.pipeline(transaction=True) as pipe:
+                if must_exist:
+                    await pipe.watch(*must_exist)
+                    for key in must_exist:
+                        if not await pipe.exists(key):
+                            await pipe.reset()
+                            raise script_error(-5, command="addJob", parent_key=key)
+                    pipe.multi()
+                for script, keys, args in calls:
+                    # execute_command, not pipe.evalsha: a RedisCluster pipeline blocks its evalsha method
+                    pipe.execute_command("EVALSHA", script.sha, len(keys), *_argv(keys, args))
+                try:
+                    results = list(await pipe.execute(raise_on_error=False))
+                except redis_exc.WatchError:
+                    continue  # a parent changed meanwhile: check again
+                break
+        else:
+            raise BullMQCompatError("the flow's parents kept changing during the add; nothing was written")
         if any(isinstance(r, redis_exc.NoScriptError) or (
                 isinstance(r, redis_exc.ResponseError) and str(r).startswith("NOSCRIPT")) for r in results):
             raise BullMQCompatError(
@@ -248,8 +290,10 @@ class RedisBackend(QueueBackend):
         result = codec.to_str(reply[1]) if isinstance(reply, list) and len(reply) > 1 else None
         return status, (str(result) if result is not None else None)
 
-    async def get_counts(self, states: Sequence[str]) -> list[int]:
-        counts = await self.runner.call("getCounts", [self.keys.prefix_key], [wire_state(t) for t in states])
+    async def get_counts(self, states: Sequence[str], delayed_timestamp: Optional[int] = None) -> list[int]:
+        cutoff: list[Any] = [] if delayed_timestamp is None else [int(delayed_timestamp)]
+        counts = await self.runner.call("getCounts", [self.keys.prefix_key],
+                                        [*cutoff, *(wire_state(t) for t in states)])
         return [int(count or 0) for count in counts]
 
     async def get_jobs(self, states: Sequence[str], start: int, end: int, asc: bool
@@ -304,6 +348,10 @@ class RedisBackend(QueueBackend):
     async def get_client_list(self) -> list[dict[str, str]]:
         """CLIENT LIST parsed; on a Cluster, the node listing the most clients of this queue."""
         unnamed, named = self.client_name(), self.client_name(":w:")
+        return await self._clients(lambda name: name == unnamed or name.startswith(named))
+
+    async def _clients(self, matches: Any) -> list[dict[str, str]]:
+        """CLIENT LIST's clients whose name ``matches``; on a Cluster, the node listing most of them."""
         if self.is_cluster:
             per_node = await self.client.execute_command("CLIENT LIST", target_nodes=self.client.ALL_NODES)
             listings = list(per_node.values()) if isinstance(per_node, dict) else [per_node]
@@ -320,11 +368,88 @@ class RedisBackend(QueueBackend):
                 fields = dict(line) if isinstance(line, dict) else dict(
                     kv.split("=", 1) for kv in str(line).split(" ") if "=" in kv)
                 name = fields.get("name", "")
-                if name and (name == unnamed or name.startswith(named)):
+                if name and matches(name):
                     clients.append(fields)
             if len(clients) > len(best):
                 best = clients
         return best
+
+    async def get_queue_events_clients(self) -> list[dict[str, str]]:
+        """CLIENT LIST's connections named ``<client name>:qe`` (on a Cluster, the node listing most)."""
+        return await self._clients(lambda name, qe=self.client_name(":qe"): name == qe)
+
+    async def is_maxed(self) -> bool:
+        return bool(await self.runner.call("isMaxed", [self.keys.meta, self.keys.active]))
+
+    async def paginate_dependencies(self, parent_id: str, type: str, start: int, end: int) -> dict[str, Any]:
+        """Upstream's paginate script over ``<parent>:processed`` (a hash) or ``:dependencies`` (a
+        set), called as Node's paginate calls it: up to 5 SCAN rounds a call, until the page is
+        full or the cursor is back at 0."""
+        key = self.keys.job(f"{parent_id}:{'processed' if type == 'processed' else 'dependencies'}")
+        page_size = end - start + 1 if end >= 0 else float("inf")
+        cursor: Any = "0"
+        offset: Any = 0
+        page: list[Any] = []
+        jobs: list[JobFields] = []
+        total = 0
+        while True:
+            reply = await self.runner.call("paginate", [key], [start + len(page), end, cursor, offset, 5, 1])
+            cursor, offset, items, total = reply[0], reply[1], reply[2], reply[3]
+            raw_jobs = reply[4] if len(reply) > 4 else None
+            page.extend(items or [])
+            for flat in raw_jobs or []:
+                jobs.append(codec.flat_to_dict(flat))
+            if str(codec.to_str(cursor)) == "0" or len(page) >= page_size:
+                break
+        out: list[dict[str, Any]] = []
+        for item in page:
+            if isinstance(item, (list, tuple)):
+                child, value = codec.to_str(item[0]), codec.to_str(item[1])
+                try:
+                    out.append({"id": child, "v": codec.loads(value)})
+                except ValueError as err:
+                    out.append({"id": child, "err": str(err)})
+            else:
+                out.append({"id": codec.to_str(item)})
+        return {"items": out, "jobs": jobs, "total": int(total or 0)}
+
+    async def remove_orphaned_jobs(self, count: int, limit: int) -> int:
+        """Node's removeOrphanedJobs: SCAN ``<prefix>:<queue>:*``, take the job ids among the keys
+        (not the queue's own keys, nor their sub-keys), and let upstream's script delete, atomically
+        per batch, those no state lists. Our group gate's keys (``grp:``) and upstream's
+        deduplication-next keys (``dn:``) are skipped too."""
+        from bullmq_compat._backends.redis.keys import QUEUE_KEY_TYPES
+
+        base = self.keys.prefix_key
+        states = [t for t in QUEUE_KEY_TYPES if t]
+        infrastructure = set(QUEUE_KEY_TYPES) | {"grp", "dn"}
+        sub_keys = ["logs", "dependencies", "processed", "failed", "unsuccessful", "lock"]
+        removed = 0
+        candidates: list[str] = []
+        seen = 0
+
+        async def check() -> int:
+            found = int(await self.runner.call("removeOrphanedJobs", [base], [
+                len(states), *states, len(sub_keys), *sub_keys, *candidates]) or 0)
+            candidates.clear()
+            return found
+
+        # scan_iter: SCAN rounds of about ``count`` keys (on a Cluster, over every node); the
+        # candidates are checked each ``count`` keys scanned, as Node checks each SCAN reply
+        async for key in self.client.scan_iter(match=_glob_escape(base) + "*", count=count):
+            seen += 1
+            suffix = codec.to_str(key)[len(base):]
+            job_id, colon, sub = suffix.partition(":")
+            if not (suffix in infrastructure or (colon and (job_id in infrastructure or sub not in sub_keys))) \
+                    and job_id not in candidates:
+                candidates.append(job_id)
+            if seen % count == 0 and candidates:
+                removed += await check()
+                if limit > 0 and removed >= limit:
+                    return removed
+        if candidates:
+            removed += await check()
+        return removed
 
     # -- queue meta --------------------------------------------------------------------------
     async def set_meta(self, values: Mapping[str, Any]) -> None:
@@ -352,6 +477,13 @@ class RedisBackend(QueueBackend):
         key = self.keys.job(job_id)
         return int(await self._run("addLog", [key, key + ":logs"], [job_id, row, keep_logs if keep_logs else ""],
                                    job_id=job_id))
+
+    async def clear_logs(self, job_id: str, keep_logs: Optional[int] = None) -> None:
+        key = self.keys.job(job_id) + ":logs"
+        if keep_logs:
+            await self.client.ltrim(key, -keep_logs, -1)
+        else:
+            await self.client.delete(key)
 
     async def remove(self, job_id: str, remove_children: bool) -> int:
         result = await self._run("removeJob", [self.keys.job(job_id), self.keys.repeat],
@@ -476,8 +608,14 @@ class RedisBackend(QueueBackend):
         # queue's global rate limit) sees the queue as limited until the key expires
         await self.client.set(self.keys.limiter, str(2**53 - 1), px=expire_ms)
 
-    async def remove_deduplication_key(self, deduplication_id: str) -> int:
-        return int(await self.client.delete(f"{self.keys.de}:{deduplication_id}"))
+    async def remove_rate_limit_key(self) -> int:
+        return int(await self.client.delete(self.keys.limiter))
+
+    async def remove_deduplication_key(self, deduplication_id: str, job_id: Optional[str] = None) -> int:
+        key = f"{self.keys.de}:{deduplication_id}"
+        if job_id is None:
+            return int(await self.client.delete(key))
+        return int(await self.runner.call("removeDeduplicationKey", [key], [job_id]) or 0)
 
     async def trim_events(self, max_length: int) -> int:
         return int(await self.client.xtrim(self.keys.events, maxlen=max_length, approximate=True))
@@ -736,6 +874,11 @@ class RedisEventsReader(EventsReader):
     async def close(self) -> None:
         if self.client is not self.backend.client:
             await self.client.aclose()
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` matched literally by a SCAN MATCH pattern (a prefix such as ``{bull}`` or ``a*b``)."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
 def stream_entries(reply: Any) -> list[tuple[str, dict[str, str]]]:
