@@ -67,3 +67,7 @@ from bullmq_compat._backends.postgres.migrator import migrate_postgres  # noqa: 
 
 __all__ += ["InvalidSchemaName", "PostgresDriverMissing", "PostgresUnavailable", "SchemaMigrationRequired",
             "SchemaVersionMismatch", "UnsupportedPostgresVersion", "migrate_postgres"]
+from bullmq_compat._cancellation import AbortController, AbortError, AbortSignal, WaitingError  # noqa: E402
+from bullmq_compat._lock_manager import LockManager  # noqa: E402
+
+__all__ += ["AbortController", "AbortError", "AbortSignal", "LockManager", "WaitingError"]
