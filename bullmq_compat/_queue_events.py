@@ -166,7 +166,7 @@ class QueueEvents(QueueBase):
         """Consume the events stream until `close()`. Already running by ``autorun``: waits for that run."""
         autorun = self._autorun_task
         if autorun is not None and not autorun.done() and autorun is not asyncio.current_task():
-            await asyncio.shield(autorun)
+            await asyncio.wait([autorun])  # ends when that run ends (close() may cancel it)
             return
         if self._consumer is not None:
             raise InvalidArgument("Queue Events is already running.")

@@ -301,7 +301,7 @@ class Worker(LockKeepingMixin, QueueBase):
         current = asyncio.current_task()
         autorun = self._autorun_task
         if autorun is not None and not autorun.done() and autorun is not current:
-            await asyncio.shield(autorun)  # started by autorun=True: wait for that run
+            await asyncio.wait([autorun])  # started by autorun=True: wait for that run (close() may cancel it)
             return
         if self._running:
             raise InvalidArgument("worker is already running")
@@ -682,7 +682,7 @@ class Worker(LockKeepingMixin, QueueBase):
                 await asyncio.sleep(self._connection_trouble(err))
 
     def _fetch_next(self) -> bool:
-        return not (self.closing or self._paused)
+        return not (self.closing or self._paused or self._slot_count > self._concurrency)
 
     async def _handle_completed(self, job: Job, result: Any, token: str) -> Optional[Job]:
         fetch_next = self._fetch_next()
