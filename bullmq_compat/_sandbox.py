@@ -402,6 +402,11 @@ def _load(path: str) -> Callable[..., Any]:
 
 def child_main(fd: int) -> None:
     """Entry point of a child process (``python -c``): serve jobs on socket ``fd`` until EOF."""
+    import signal
+
+    # Ctrl-C reaches the whole process group: the parent's worker then closes gracefully and
+    # waits for the jobs its children are running, so a child must not die of it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     asyncio.run(_serve(fd))
 
 

@@ -305,6 +305,8 @@ class Worker(LockKeepingMixin, QueueBase):
             return
         if self._running:
             raise InvalidArgument("worker is already running")
+        if self.closing or self._closed.is_set():  # closed (e.g. before autorun started): as Node, nothing to run
+            return
         self._running = True
         self.closing = False
         self._closing_event.clear()
@@ -649,7 +651,7 @@ class Worker(LockKeepingMixin, QueueBase):
         token = job.token or ""
         job_id = str(job.id)
         controller: Optional[AbortController] = self.lock_manager.track_job(
-            job_id, token, job.processed_on or _now_ms(), self._wants_signal)
+            job_id, token, _now_ms(), self._wants_signal)
         try:
             if job.parse_error:
                 raise UnrecoverableError(f"job {job.id} cannot be processed: {job.parse_error}")

@@ -52,6 +52,15 @@ async def test_autorun_default_off_and_on_and_run_waits(redis_url: str, queue_na
     with pytest.raises(InvalidArgument, match="autorun=True needs a processor"):
         Worker(queue_name, connection=redis_url, autorun=True)
 
+    # closed before autorun got to start: it never starts (and run() does nothing)
+    async with a_queue(queue_name, redis_url) as queue:
+        job = await queue.add("n", {})
+        early = Worker(queue_name, process, connection=redis_url, drain_delay=0.5, autorun=True)
+        await early.close()
+        await early.run()
+        await asyncio.sleep(0.3)
+        assert not early.is_running() and await _state(queue, job.id) == "waiting"
+
 
 async def test_queue_events_run_waits_for_autorun(redis_url: str, queue_name: str) -> None:
     qe = QueueEvents(queue_name, connection=redis_url, blocking_timeout=200)  # autorun=True (Node's default)
