@@ -142,7 +142,12 @@ def _resolve(fut: asyncio.Future[Any], value: Any) -> None:
         if not fut.done():
             fut.set_result(value)
     elif not loop.is_closed():
-        loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(value))
+        loop.call_soon_threadsafe(_set_if_pending, fut, value)
+
+
+def _set_if_pending(fut: asyncio.Future[Any], value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)
 
 
 class AbortController:

@@ -167,7 +167,7 @@ async def test_locks_renewed_and_lock_renewal_failed(redis_url: str, queue_name:
     async with a_queue(queue_name, redis_url) as queue:
         jobs = [await queue.add("n", {}) for _ in range(2)]
         ids = sorted(str(j.id) for j in jobs)
-        worker = Worker(queue_name, process, connection=redis_url, concurrency=2, lock_duration=1000,
+        worker = Worker(queue_name, process, connection=redis_url, concurrency=2, lock_duration=3000,
                         drain_delay=0.5, skip_stalled_check=True)
         renewed: list[Any] = []
         failed: list[Any] = []
@@ -180,10 +180,10 @@ async def test_locks_renewed_and_lock_renewal_failed(redis_url: str, queue_name:
             assert all(r["count"] == len(r["jobIds"]) for r in renewed)
             for job_id in ids:
                 await redis.delete(f"bull:{queue_name}:{job_id}:lock")
-            await wait_until(lambda: sorted(i for batch in failed for i in batch) == ids, 20, "both renewals failed")
-            assert all(isinstance(batch, list) and batch for batch in failed)
-            assert sorted(e for e in errors if "could not renew" in e) == [
-                f"could not renew lock for job {i}" for i in ids]
+            # still tracked, they fail again at each renewal: every batch is one event with its ids
+            await wait_until(lambda: sorted({i for batch in failed for i in batch}) == ids, 20, "both renewals failed")
+            assert all(isinstance(batch, list) and batch and len(set(batch)) == len(batch) for batch in failed)
+            assert {e for e in errors if "could not renew" in e} == {f"could not renew lock for job {i}" for i in ids}
             gate.set()
 
 
@@ -296,29 +296,24 @@ async def test_sandboxed_flow_calls_delay_and_errors(redis_url: str, queue_name:
         assert isinstance(result, dict), stored.failed_reason
         assert sorted(result["values"].values()) == [10, 20] and result["ignored"] == {}
         assert sorted(result["deps"]["processed"].values()) == [10, 20]
-        assert result["count"]["processed"] == 2 if isinstance(result["count"], dict) else True
+        assert result["count"]["processed"] == 2, result["count"]
 
     async with a_queue(queue_name, redis_url) as queue:
         alone = await queue.add("alone", {})
-        delayed = await queue.add("delay", {})
-        bad = await queue.add("bad", {})
         w1 = Worker(queue_name, "tests.sandbox_processors:waits_for_children", connection=redis_url,
                     use_processes=True, drain_delay=0.5)
         async with running(w1):
             await wait_until(lambda: _in(queue, alone.id, "completed", "failed"), 30, "the job without children")
-        assert (await queue.get_job(alone.id)).returnvalue == {"children": {}}  # type: ignore[union-attr]
-        await queue.remove(delayed.id)
-        await queue.remove(bad.id)
+        stored_alone = await queue.get_job(alone.id)
+        assert stored_alone is not None and stored_alone.returnvalue == {"children": {}}  # no pending children: False
 
     name = f"{queue_name}-d"
     async with a_queue(name, redis_url) as queue:
         delayed = await queue.add("delay", {})
         w2 = Worker(name, "tests.sandbox_processors:delays_once", connection=redis_url, use_processes=True,
                     drain_delay=0.5)
-        states: list[str] = []
         async with running(w2):
             await wait_until(lambda: _in(queue, delayed.id, "delayed", "completed"), 30, "the job delayed")
-            states.append(await _state(queue, delayed.id))
             await wait_until(lambda: _in(queue, delayed.id, "completed", "failed"), 30, "the delayed job to run again")
         stored = await queue.get_job(delayed.id)
         assert stored is not None and stored.returnvalue == "after the delay", stored.failed_reason
