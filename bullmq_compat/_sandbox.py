@@ -459,6 +459,9 @@ async def _serve(fd: int) -> None:
         if cmd == "start":
             controller = AbortController()
             task = asyncio.ensure_future(run_job(msg, controller.signal))
+            # as Node's child, which runs the processor up to its first await before reading the next
+            # message: a listener the processor adds at once hears a cancel sent right after the start
+            await asyncio.sleep(0)
         elif cmd == "cancel":
             if controller is not None:
                 controller.abort(msg.get("value"))

@@ -9,10 +9,12 @@
 // and, on each job's first attempt, calls worker.cancelJob(job.id, reason) once the job is active.
 // The processor's answer to the abort comes from job.data: {"unrecoverable": true} rejects with an
 // UnrecoverableError(signal.reason), {"ignore": true} ignores the signal and returns "ignored"
-// after 300 ms, otherwise it rejects with new Error(signal.reason); a retried attempt returns "done".
+// after 300 ms, otherwise it rejects with new Error(signal.reason); a retried attempt returns "done"
+// (interop/cancel_processor.js). With "sandboxed": true the processor runs in Node's child processes.
 // Prints {"ids": [...], "cancelled": {id: cancelJob's answer}, "jobs": [job, ...]} once every job
 // is finished. read: prints {"jobs": [job, ...]} (each as below, or null).
-const { Job, UnrecoverableError } = require('bullmq');
+const path = require('path');
+const { Job } = require('bullmq');
 const backend = require('./backend');
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -28,18 +30,7 @@ async function view(queue, id) {
   };
 }
 
-async function processor(job, token, signal) {
-  if (job.attemptsMade > 0) return 'done';
-  if (job.data.ignore) { await sleep(300); return 'ignored'; }
-  return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error('never cancelled')), 20000);
-    signal.addEventListener('abort', () => {
-      clearTimeout(timer);
-      if (job.data.unrecoverable) reject(new UnrecoverableError(String(signal.reason)));
-      else reject(new Error(String(signal.reason)));
-    }, { once: true });
-  });
-}
+const processor = require('./cancel_processor');
 
 async function main() {
   const args = JSON.parse(process.argv[2]);
@@ -51,7 +42,8 @@ async function main() {
       for (const id of args.ids) jobs.push(await view(queue, id));
       return { jobs };
     }
-    const worker = new b.Worker(args.queue, processor, b.options({ autorun: false, concurrency: 4 }));
+    const proc = args.sandboxed ? path.join(__dirname, 'cancel_processor.js') : processor;
+    const worker = new b.Worker(args.queue, proc, b.options({ autorun: false, concurrency: 4 }));
     worker.on('error', () => {});
     const cancelled = {};
     worker.on('active', (job) => {

@@ -70,3 +70,22 @@ async def delays_once(job: Any, token: str) -> Any:
 async def bad_call(job: Any) -> Any:
     await job.move_to_delayed(int(time.time() * 1000) + 1000, "not-the-token")
     return "unreachable"
+
+
+async def cancel_twin(job: Any, token: str, signal: Any) -> Any:
+    """interop/cancel_processor.js in Python, with add_listener as Node's addEventListener."""
+    if job.attempts_made > 0:
+        return "done"
+    if (job.data or {}).get("ignore"):
+        await asyncio.sleep(0.3)
+        return "ignored"
+    loop = asyncio.get_running_loop()
+    outcome: asyncio.Future[Any] = loop.create_future()
+
+    def on_abort() -> None:
+        if not outcome.done():
+            cls = UnrecoverableError if job.data.get("unrecoverable") else RuntimeError
+            outcome.set_exception(cls(str(signal.reason)))
+
+    signal.add_listener(on_abort, once=True)
+    return await asyncio.wait_for(outcome, 20)

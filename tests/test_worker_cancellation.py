@@ -239,24 +239,31 @@ JOBS = [
 ]
 
 
+async def _py_twin(job: Job, token: str, signal: AbortSignal) -> Any:
+    """interop/cancel_processor.js in Python."""
+    if job.attempts_made > 0:
+        return "done"
+    if job.data.get("ignore"):
+        await asyncio.sleep(0.3)
+        return "ignored"
+    got = await asyncio.wait_for(signal.wait(), 20)
+    if job.data.get("unrecoverable"):
+        raise UnrecoverableError(str(got))
+    raise RuntimeError(str(got))
+
+
 @pytest.mark.node
-async def test_cancellation_as_node_sees_it(redis_url: str, queue_name: str) -> None:
+@pytest.mark.parametrize("sandboxed", [False, True], ids=["in-process", "sandboxed"])
+async def test_cancellation_as_node_sees_it(redis_url: str, queue_name: str, sandboxed: bool) -> None:
+    """The same four jobs, each cancelled once active on its first attempt, by Node's Worker and by
+    ours (in-process, or both sandboxed: Node's child processes, our use_processes=True): Node reads
+    back the same state, attemptsMade, attemptsStarted, failedReason, returnvalue and stack trace count."""
     reason = "cancelled by the operator"
     node_run = await run_script("cancel.js", {"redis": redis_url, "queue": f"{queue_name}-node", "op": "work",
-                                              "jobs": JOBS, "reason": reason})
-
-    async def process(job: Job, token: str, signal: AbortSignal) -> Any:  # cancel.js's processor in Python
-        if job.attempts_made > 0:
-            return "done"
-        if job.data.get("ignore"):
-            await asyncio.sleep(0.3)
-            return "ignored"
-        got = await asyncio.wait_for(signal.wait(), 20)
-        if job.data.get("unrecoverable"):
-            raise UnrecoverableError(str(got))
-        raise RuntimeError(str(got))
-
-    worker = Worker(queue_name, process, connection=redis_url, concurrency=4, drain_delay=0.5)
+                                              "jobs": JOBS, "reason": reason, "sandboxed": sandboxed})
+    processor: Any = "tests.sandbox_processors:cancel_twin" if sandboxed else _py_twin
+    worker = Worker(queue_name, processor, connection=redis_url, concurrency=4, drain_delay=0.5,
+                    use_processes=sandboxed)
     cancelled: dict[str, bool] = {}
 
     def on_active(job: Job) -> None:
@@ -269,8 +276,9 @@ async def test_cancellation_as_node_sees_it(redis_url: str, queue_name: str) -> 
         ids = [(await queue.add(j["name"], j["data"], **j["opts"])).id for j in JOBS]
         async with running(worker):
             for job_id in ids:
+                await wait_until(lambda: _finished(queue, job_id), 40, "the jobs to finish")
                 await wait_until(lambda: _state(queue, job_id, "completed") if JOBS[ids.index(job_id)]["name"] in
-                                 ("retry", "ignore") else _state(queue, job_id, "failed"), 30, "the jobs to finish")
+                                 ("retry", "ignore") else _state(queue, job_id, "failed"), 40, "the jobs' last attempts")
     py_read = await run_script("cancel.js", {"redis": redis_url, "queue": queue_name, "op": "read", "ids": ids})
 
     def comparable(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
