@@ -89,3 +89,17 @@ async def cancel_twin(job: Any, token: str, signal: Any) -> Any:
 
     signal.add_listener(on_abort, once=True)
     return await asyncio.wait_for(outcome, 20)
+
+
+async def adds_a_child_then_waits(job: Any, token: str) -> Any:
+    """Adds a child (from the child process, with its own Queue), then waits for it."""
+    from bullmq_compat import Queue
+
+    if not (job.data or {}).get("step"):
+        async with Queue(job.data["kids"], connection=job.data["redis"]) as kids:
+            await kids.add("kid", {"v": 5}, parent={"id": str(job.id), "queue": f"bull:{job.queue_name}"})
+        await job.update_data({**job.data, "step": "after"})
+        if await job.move_to_waiting_children(token):
+            raise WaitingChildrenError()
+        return "no pending children?"
+    return await job.get_children_values()

@@ -328,3 +328,18 @@ async def test_sandboxed_flow_calls_delay_and_errors(redis_url: str, queue_name:
             await wait_until(lambda: _in(queue, bad.id, "failed"), 30, "the job whose call the parent refused")
         stored = await queue.get_job(bad.id)
         assert stored is not None and stored.failed_reason and "RemoteTraceback" not in stored.failed_reason
+
+
+async def test_sandboxed_move_to_waiting_children(redis_url: str, queue_name: str) -> None:
+    kids = f"{queue_name}-kids"
+    async with a_queue(queue_name, redis_url) as parents:
+        job = await parents.add("parent", {"kids": kids, "redis": redis_url})
+        worker = Worker(queue_name, "tests.sandbox_processors:adds_a_child_then_waits", connection=redis_url,
+                        use_processes=True, drain_delay=0.5)
+        async with running(worker):
+            await wait_until(lambda: _in(parents, job.id, "waiting-children"), 30, "the parent to wait for its child")
+            kid_worker = Worker(kids, lambda kid: kid.data["v"], connection=redis_url, drain_delay=0.5)
+            async with running(kid_worker):
+                await wait_until(lambda: _in(parents, job.id, "completed", "failed"), 30, "the parent to finish")
+        done = await parents.get_job(job.id)
+        assert done is not None and list(done.returnvalue.values()) == [5], done and done.failed_reason
