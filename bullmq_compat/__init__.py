@@ -72,3 +72,7 @@ from bullmq_compat._queue import JobScheduler  # noqa: E402
 from bullmq_compat._scheduler import default_repeat_strategy  # noqa: E402
 
 __all__ += ["ErrorCode", "JobScheduler", "MetricsTime", "NotSupportedOnBackend", "default_repeat_strategy"]
+from bullmq_compat._cancellation import AbortController, AbortError, AbortSignal, WaitingError  # noqa: E402
+from bullmq_compat._lock_manager import LockManager  # noqa: E402
+
+__all__ += ["AbortController", "AbortError", "AbortSignal", "LockManager", "WaitingError"]

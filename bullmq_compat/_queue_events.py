@@ -163,7 +163,11 @@ class QueueEvents(QueueBase):
             self.emit("error", err)
 
     async def run(self) -> None:
-        """Consume the events stream until `close()`."""
+        """Consume the events stream until `close()`. Already running by ``autorun``: waits for that run."""
+        autorun = self._autorun_task
+        if autorun is not None and not autorun.done() and autorun is not asyncio.current_task():
+            await asyncio.wait([autorun])  # ends when that run ends (close() may cancel it)
+            return
         if self._consumer is not None:
             raise InvalidArgument("Queue Events is already running.")
         if self.closing:

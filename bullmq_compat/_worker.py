@@ -34,6 +34,8 @@ from bullmq_compat._errors import (
     WaitingChildrenError,
 )
 from bullmq_compat._job import Job
+from bullmq_compat._cancellation import AbortController, AbortSignal
+from bullmq_compat._lock_manager import LockManager
 from bullmq_compat import _telemetry as telemetry_attrs
 from bullmq_compat._telemetry import resolve as resolve_telemetry
 from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -83,14 +85,12 @@ def load_processor(path: str) -> Callable[..., Any]:
     return target  # type: ignore[no-any-return]
 
 
-def _wants_token(fn: Callable[..., Any]) -> bool:
-    try:
-        params = [p for p in inspect.signature(fn).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        return len(params) >= 2 or any(p.kind == p.VAR_POSITIONAL
-                                       for p in inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return False
+def processor_arity(fn: Callable[..., Any]) -> int:
+    """How many of ``(job, token, signal)`` a processor takes: 1, 2 or 3 (``*args``: 3), as Node reads
+    ``processor.length``."""
+    from bullmq_compat._sandbox import _positional_arity
+
+    return _positional_arity(fn)
 
 
 class Worker(LockKeepingMixin, QueueBase):
@@ -115,11 +115,12 @@ class Worker(LockKeepingMixin, QueueBase):
                  skip_lock_renewal: bool = False, run_retry_delay: int = 15000, use_processes: bool = False,
                  process_pool_size: Optional[int] = None, shutdown_timeout: float = 30.0,
                  fast_path: bool = True, group_keeper: Union[bool, str] = True, group_sweep_interval: float = 1.0,
-                 telemetry: Any = None) -> None:
+                 telemetry: Any = None, autorun: bool = False, maximum_rate_limit_delay: int = 30000) -> None:
         super().__init__(queue_name, connection, prefix=prefix, schema=schema, migrate=migrate)
         self.id = str(uuid.uuid4())
         self.worker_name = name
-        self.concurrency = _positive_int("concurrency", concurrency)
+        self._concurrency = _positive_int("concurrency", concurrency)
+        self._slot_count = 0  # slot tasks alive (the concurrency setter adds or retires slots)
         self.lock_duration = _positive_int("lock_duration", lock_duration)
         self.lock_renew_time = _positive_int("lock_renew_time", lock_renew_time or self.lock_duration // 2)
         self.stalled_interval = _positive_int("stalled_interval", stalled_interval)
@@ -144,7 +145,11 @@ class Worker(LockKeepingMixin, QueueBase):
         self.max_started_attempts = max_started_attempts
         self.skip_stalled_check = skip_stalled_check
         self.skip_lock_renewal = skip_lock_renewal
-        self.run_retry_delay = run_retry_delay  # accepted as Node's; finishing calls retry with back-off
+        # Node waits run_retry_delay before retrying a call that met a connection error; ours back off
+        # from 0.1 s, doubling, and never wait longer than run_retry_delay between two tries
+        self.run_retry_delay = _positive_int("run_retry_delay", run_retry_delay)
+        # a rate-limited worker looks again at least this often (ms), so delayed jobs get promoted
+        self.maximum_rate_limit_delay = _positive_int("maximum_rate_limit_delay", maximum_rate_limit_delay)
         self.shutdown_timeout = shutdown_timeout
         self.fast_path = fast_path
         self.telemetry = resolve_telemetry(telemetry)
@@ -158,7 +163,9 @@ class Worker(LockKeepingMixin, QueueBase):
             make_keeper(sweep_interval=group_sweep_interval, follow_stream=group_keeper == "stream")
             if group_keeper and make_keeper is not None else None)
         self.use_processes = use_processes
-        self._process_pool_size = process_pool_size or self.concurrency
+        if process_pool_size is not None:
+            _positive_int("process_pool_size", process_pool_size)
+        self._process_pool_size_option = process_pool_size  # None: as many children as concurrency
         self._processor_path: Optional[str] = None
         self.processor: Optional[Callable[..., Any]] = None
         if isinstance(processor, str):
@@ -179,7 +186,9 @@ class Worker(LockKeepingMixin, QueueBase):
         self._channel: Optional[WorkerChannel] = None
         self._channel_lock = asyncio.Lock()
         self._token_seq = 0
-        self._active: dict[str, list[Any]] = {}
+        self.lock_manager = LockManager(self, lock_renew_time=self.lock_renew_time, lock_duration=self.lock_duration,
+                                        worker_id=self.id, worker_name=name)
+        self._active = self.lock_manager.tracked_jobs  # job id -> [token, ts, AbortController or None]
         self._idle: collections.deque[asyncio.Future[None]] = collections.deque()
         self._waiter_wanted = asyncio.Event()
         self._drained = False
@@ -197,9 +206,24 @@ class Worker(LockKeepingMixin, QueueBase):
         self._connection_down = False
         self._retry_pause = 0.1
         self._thread_pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
-        self._process_pool: Optional[concurrent.futures.ProcessPoolExecutor] = None
-        self._wants_token = bool(self.processor and _wants_token(self.processor))
+        self._child_pool: Any = None  # _sandbox.ChildPool, made on the first job with use_processes
+        self._arity = processor_arity(self.processor) if self.processor is not None else 1
+        # as Node: a signal (an AbortController per job) only for a processor that takes one; sandboxed always
+        self._wants_signal = self._arity >= 3 or use_processes
         self._is_async = bool(self.processor and inspect.iscoroutinefunction(self.processor))
+        self._run_task: Optional[asyncio.Task[None]] = None
+        self._autorun_task: Optional[asyncio.Task[None]] = None
+        self.autorun = bool(autorun)
+        if autorun:
+            if self.processor is None:
+                raise InvalidArgument("autorun=True needs a processor: a worker without one is for manual "
+                                      "processing (get_next_job)")
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                raise InvalidArgument("autorun=True needs a running event loop: create the Worker in async code, "
+                                      "or pass autorun=False and await worker.run()") from None
+            self._autorun_task = loop.create_task(self._autorun())
 
     @staticmethod
     def _check_limiter(limiter: Optional[Mapping[str, Any]]) -> Optional[dict[str, Any]]:
@@ -209,6 +233,39 @@ class Worker(LockKeepingMixin, QueueBase):
             raise InvalidArgument(f"limiter={limiter!r} must be {{'max': n, 'duration': ms}}")
         return {"max": _positive_int("limiter.max", limiter.get("max")),
                 "duration": _positive_int("limiter.duration", limiter.get("duration"))}
+
+    @property
+    def concurrency(self) -> int:
+        return self._concurrency
+
+    @concurrency.setter
+    def concurrency(self, value: int) -> None:
+        """As Node's setter: takes effect at once on a running worker (more slots start; extra ones
+        stop after their current job)."""
+        self._concurrency = _positive_int("concurrency", value)
+        if self._thread_pool is not None:  # sized to concurrency: the next sync job gets a new pool
+            self._thread_pool.shutdown(wait=False)
+            self._thread_pool = None
+        if self._running and not self.closing:
+            while self._slot_count < self._concurrency:
+                self._start_slot()
+            if self._slot_count > self._concurrency:
+                self._wake_all()  # parked extra slots retire
+
+    def _start_slot(self) -> None:
+        self._slot_count += 1
+        self._slots.append(asyncio.ensure_future(self._slot()))
+
+    # -- cancellation -------------------------------------------------------------------------
+    def cancel_job(self, job_id: str, reason: Any = None) -> bool:
+        """Abort the signal of active job ``job_id`` (Node: ``cancelJob``). False when this worker is not
+        processing that job or its processor takes no signal. The processor decides what happens:
+        raise to fail the attempt (retried while attempts remain), `UnrecoverableError` to stop retries."""
+        return self.lock_manager.cancel_job(str(job_id), reason)
+
+    def cancel_all_jobs(self, reason: Any = None) -> None:
+        """Abort the signals of every job this worker is processing (Node: ``cancelAllJobs``)."""
+        self.lock_manager.cancel_all_jobs(reason)
 
     # -- life cycle -----------------------------------------------------------------------------
     def _transient(self, err: BaseException) -> bool:
@@ -241,8 +298,15 @@ class Worker(LockKeepingMixin, QueueBase):
         """Process jobs until `close()` (or SIGTERM/SIGINT, which close gracefully)."""
         if self.processor is None:
             raise InvalidArgument("this worker has no processor: pass one to Worker(...) to run it")
+        current = asyncio.current_task()
+        autorun = self._autorun_task
+        if autorun is not None and not autorun.done() and autorun is not current:
+            await asyncio.wait([autorun])  # started by autorun=True: wait for that run (close() may cancel it)
+            return
         if self._running:
             raise InvalidArgument("worker is already running")
+        if self.closing or self._closed.is_set():  # closed (e.g. before autorun started): as Node, nothing to run
+            return
         self._running = True
         self.closing = False
         self._closing_event.clear()
@@ -267,12 +331,15 @@ class Worker(LockKeepingMixin, QueueBase):
                     pass  # not the main thread, or no signal support: the caller closes us
         self._tasks = [asyncio.ensure_future(self._marker_waiter())]
         if not self.skip_lock_renewal:
-            self._tasks.append(asyncio.ensure_future(self._lock_renewer()))
+            self.lock_manager.start()
         if not self.skip_stalled_check:
             self._tasks.append(asyncio.ensure_future(self._stalled_checker()))
         if self._keeper is not None:
             self._tasks.append(self._keeper.start())
-        self._slots = [asyncio.ensure_future(self._slot()) for _ in range(self.concurrency)]
+        self._slots = []
+        self._slot_count = 0
+        for _ in range(self._concurrency):
+            self._start_slot()
         self.emit("ready")
         try:
             await self._closed.wait()
@@ -280,6 +347,13 @@ class Worker(LockKeepingMixin, QueueBase):
             for sig in installed:
                 loop.remove_signal_handler(sig)
             self._running = False
+
+    async def _autorun(self) -> None:
+        await asyncio.sleep(0)  # let the constructor's caller add listeners first ('ready', 'error')
+        try:
+            await self.run(handle_signals=False)
+        except Exception as err:  # as Node's autorun: run()'s error goes to the 'error' event
+            self.emit("error", err)
 
     def _on_signal(self, sig: signal.Signals) -> None:
         logger.info("worker %s got %s: finishing active jobs, then stopping", self.name, signal.Signals(sig).name)
@@ -304,6 +378,7 @@ class Worker(LockKeepingMixin, QueueBase):
                 task.cancel()
             if pending:
                 await asyncio.wait(pending)
+        await self.lock_manager.close()
         if self._keeper is not None:
             await self._keeper.close()
         for task in self._tasks:
@@ -314,8 +389,8 @@ class Worker(LockKeepingMixin, QueueBase):
             await asyncio.wait(self._tasks)
         if self._thread_pool is not None:
             self._thread_pool.shutdown(wait=False, cancel_futures=True)
-        if self._process_pool is not None:
-            self._process_pool.shutdown(wait=False, cancel_futures=True)
+        if self._child_pool is not None:
+            await self._child_pool.close()
         await super().close()
         self._closed.set()
         self.emit("closed")
@@ -327,7 +402,7 @@ class Worker(LockKeepingMixin, QueueBase):
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
-        task = getattr(self, "_run_task", None)
+        task = self._run_task
         if task is not None:
             await task
 
@@ -422,8 +497,8 @@ class Worker(LockKeepingMixin, QueueBase):
             self._connection_down = True
             logger.warning("worker %s lost %s (%s); retrying with back-off", self.name, self.backend.label, err)
             self.emit("error", err)
-        pause = self._retry_pause
-        self._retry_pause = min(self._retry_pause * 2, 5.0)
+        pause = min(self._retry_pause, self.run_retry_delay / 1000)
+        self._retry_pause = min(self._retry_pause * 2, 5.0, self.run_retry_delay / 1000)
         return pause
 
     def _connection_ok(self) -> None:
@@ -444,12 +519,12 @@ class Worker(LockKeepingMixin, QueueBase):
     async def _fetch(self) -> Optional[Job]:
         """One moveToActive for this slot; parks the slot while the queue is drained."""
         now = _now_ms()
-        if self._limit_until > now:
-            await self._sleep((self._limit_until - now) / 1000)
+        if self._limit_until > now:  # as Node: at most maximum_rate_limit_delay, then look again
+            await self._sleep(min(self._limit_until - now, self.maximum_rate_limit_delay) / 1000)
             self._drained = False
         if self._drained or self._paused:
             await self._park()
-        if self.closing or self._paused:
+        if self.closing or self._paused or self._slot_count > self._concurrency:
             return None
         token = self._next_token()
         try:
@@ -507,6 +582,9 @@ class Worker(LockKeepingMixin, QueueBase):
                 if job is None:
                     if self.closing:
                         return
+                    if self._slot_count > self._concurrency:  # concurrency was lowered: retire this slot
+                        self._slot_count -= 1
+                        return
                     job = await self._fetch()
                     continue
                 job = await self._process(job)
@@ -518,37 +596,31 @@ class Worker(LockKeepingMixin, QueueBase):
                 await self._sleep(1.0)
 
     # -- processing ---------------------------------------------------------------------------------
-    async def _invoke(self, job: Job, token: str) -> Any:
+    async def _invoke(self, job: Job, token: str, signal: Optional[AbortSignal]) -> Any:
         processor = self.processor
         assert processor is not None
         if self.use_processes:
-            return await self._invoke_in_process(job)
-        args = (job, token) if self._wants_token else (job,)
+            return await self._invoke_in_process(job, token, signal)
+        arity = self._arity
+        args = (job,) if arity == 1 else (job, token) if arity == 2 else (job, token, signal)
         if self._is_async:
             return await processor(*args)
         if self._thread_pool is None:
             self._thread_pool = concurrent.futures.ThreadPoolExecutor(
-                max_workers=self.concurrency, thread_name_prefix=f"bullmq-{self.name}")
+                max_workers=self._concurrency, thread_name_prefix=f"bullmq-{self.name}")
         result = await asyncio.get_running_loop().run_in_executor(self._thread_pool, lambda: processor(*args))
         if inspect.isawaitable(result):
             result = await result
         return result
 
-    async def _invoke_in_process(self, job: Job) -> Any:
-        from bullmq_compat._sandbox import ChildCrashed, run_in_child
+    async def _invoke_in_process(self, job: Job, token: str, signal: Optional[AbortSignal]) -> Any:
+        from bullmq_compat._sandbox import ChildPool, run_sandboxed
 
-        if self._process_pool is None:
-            self._process_pool = concurrent.futures.ProcessPoolExecutor(max_workers=self._process_pool_size)
-        payload = job.to_dict()
-        payload["queue_name"] = self.name
-        try:
-            return await asyncio.get_running_loop().run_in_executor(
-                self._process_pool, run_in_child, self._processor_path or "", payload)
-        except concurrent.futures.process.BrokenProcessPool:
-            self._process_pool.shutdown(wait=False, cancel_futures=True)
-            self._process_pool = None
-            raise ChildCrashed(f"the child process running job {job.id} exited unexpectedly "
-                               "(killed, out of memory, or crashed)") from None
+        if self._child_pool is None:
+            size = self._process_pool_size_option
+            self._child_pool = ChildPool(self._processor_path or "",
+                                         (lambda: size) if size else (lambda: self._concurrency))
+        return await run_sandboxed(self._child_pool, job, token, signal)
 
     async def _process(self, job: Job) -> Optional[Job]:
         """Run the processor on ``job`` and finish it; returns the next job when fetched with it."""
@@ -577,7 +649,9 @@ class Worker(LockKeepingMixin, QueueBase):
 
     async def _process_plain(self, job: Job) -> Optional[Job]:
         token = job.token or ""
-        self._active[str(job.id)] = [token, time.monotonic()]
+        job_id = str(job.id)
+        controller: Optional[AbortController] = self.lock_manager.track_job(
+            job_id, token, _now_ms(), self._wants_signal)
         try:
             if job.parse_error:
                 raise UnrecoverableError(f"job {job.id} cannot be processed: {job.parse_error}")
@@ -585,16 +659,16 @@ class Worker(LockKeepingMixin, QueueBase):
                 raise UnrecoverableError(job.deferred_failure)
             if self.max_started_attempts is not None and self.max_started_attempts < job.attempts_started:
                 raise UnrecoverableError("job started more than allowable limit")
-            result = await self._invoke(job, token)
+            result = await self._invoke(job, token, controller.signal if controller is not None else None)
         except asyncio.CancelledError:
-            self._active.pop(str(job.id), None)
+            self._active.pop(job_id, None)
             raise
         except BaseException as err:
-            self._active.pop(str(job.id), None)
+            self._active.pop(job_id, None)
             if not isinstance(err, Exception):
                 raise
             return await self._handle_failed(job, err, token)
-        self._active.pop(str(job.id), None)
+        self._active.pop(job_id, None)
         return await self._handle_completed(job, result, token)
 
     async def finishing(self, send: Callable[[], Awaitable[Any]]) -> Any:
@@ -610,7 +684,7 @@ class Worker(LockKeepingMixin, QueueBase):
                 await asyncio.sleep(self._connection_trouble(err))
 
     def _fetch_next(self) -> bool:
-        return not (self.closing or self._paused)
+        return not (self.closing or self._paused or self._slot_count > self._concurrency)
 
     async def _handle_completed(self, job: Job, result: Any, token: str) -> Optional[Job]:
         fetch_next = self._fetch_next()
@@ -664,4 +738,4 @@ class Worker(LockKeepingMixin, QueueBase):
         return list(stalled)
 
     def __repr__(self) -> str:
-        return f"<Worker {self.name} id={self.id} concurrency={self.concurrency}>"
+        return f"<Worker {self.name} id={self.id} concurrency={self._concurrency}>"

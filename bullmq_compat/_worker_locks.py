@@ -1,9 +1,9 @@
-"""A worker's two background loops: lock renewal (one extendLocks call per batch) and the stalled check."""
+"""A worker's lock keeping: the calls its `LockManager` makes (lock renewal, one extendLocks call per
+batch, is in _lock_manager.py) and the stalled check."""
 from __future__ import annotations
 
-import asyncio
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 if TYPE_CHECKING:
     from bullmq_compat._backends.base import QueueBackend, WorkerChannel
@@ -14,41 +14,26 @@ class LockKeepingMixin:
 
     backend: "QueueBackend"
     closing: bool
-    lock_renew_time: int
-    lock_duration: int
     stalled_interval: int
-    _active: dict[str, list[Any]]
     _channel: Optional["WorkerChannel"]
     if TYPE_CHECKING:
         def emit(self, event: str, *args: Any) -> bool: ...
         def _connection_trouble(self, err: BaseException) -> float: ...
         async def _sleep(self, seconds: float) -> None: ...
 
-    async def _lock_renewer(self) -> None:
-        interval = self.lock_renew_time / 2 / 1000
-        while not self.closing:
-            await asyncio.sleep(interval)
-            now = time.monotonic()
-            due = [(job_id, entry[0]) for job_id, entry in self._active.items()
-                   if entry[1] + interval <= now]
-            if not due:
-                continue
-            for job_id, _ in due:
-                entry = self._active.get(job_id)
-                if entry is not None:
-                    entry[1] = now
-            try:
-                failed = await self._channel.extend_locks(  # type: ignore[union-attr]
-                    [j for j, _ in due], [t for _, t in due], self.lock_duration)
-            except self.backend.transient_errors as err:
-                self._connection_trouble(err)
-                continue
-            except Exception as err:
-                self.emit("error", err)
-                continue
-            for job_id in failed:
-                self.emit("error", RuntimeError(f"could not renew lock for job {job_id}"))
-                self.emit("lockRenewalFailed", [job_id])
+    async def extend_job_locks(self, job_ids: Sequence[str], tokens: Sequence[str], duration: int) -> list[str]:
+        """Extend the locks of ``job_ids`` (held with ``tokens``) by ``duration`` ms; returns the ids that
+        could not be (Node: ``extendJobLocks``, what the `LockManager` calls)."""
+        channel = self._channel
+        if channel is None:
+            raise RuntimeError("the worker is not connected: run it, or call worker_channel() first")
+        return await channel.extend_locks(job_ids, tokens, duration)
+
+    def _lock_renewal_error(self, err: BaseException) -> None:
+        if isinstance(err, self.backend.transient_errors):
+            self._connection_trouble(err)  # logged and emitted once per outage
+        else:
+            self.emit("error", err)
 
     async def _stalled_checker(self) -> None:
         while not self.closing:
