@@ -82,8 +82,10 @@ def main() -> int:
     started: list[subprocess.Popen[bytes]] = []
     try:
         url = redis_url(started)
-        board = subprocess.Popen(["node", str(ROOT / "interop" / "board.js"), "--redis", url, "--port", str(PORT),
-                                  "--queue", QUEUE], cwd=ROOT, stdout=subprocess.PIPE)
+        # the URL goes in the environment, not on the process list (its password would show there)
+        board = subprocess.Popen(["node", str(ROOT / "interop" / "board.js"), "--port", str(PORT),
+                                  "--queue", QUEUE], cwd=ROOT, stdout=subprocess.PIPE,
+                                 env={**os.environ, "BULLMQ_COMPAT_REDIS_URL": url})
         started.append(board)
         board.stdout.readline()  # {"listening": ...}
         print(f"Redis:      {redact_url(url)}")
