@@ -232,18 +232,45 @@ async def cmd_keeper(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_board(args: argparse.Namespace) -> int:
-    script = REPO_ROOT / "interop" / "board.js"
-    if not (REPO_ROOT / "interop" / "node_modules").is_dir() or shutil.which("node") is None:
-        raise CliError("Bull-Board needs Node.js and interop/node_modules: run 'make setup' in the repository")
-    if getattr(args, "postgres", None):
-        where = ["--postgres", args.postgres, "--schema", args.schema]
-    else:
-        where = ["--redis", args.redis, "--prefix", args.prefix]
-    argv = ["node", str(script), *where, "--port", str(args.port)]
+LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
+
+
+def board_argv(args: argparse.Namespace) -> list[str]:
+    """board.js's command line: the Redis URL is not on it (the process list would show its
+    password to every local user) but in the environment, see `cmd_board`."""
+    where = ["--schema", args.schema] if getattr(args, "postgres", None) else ["--prefix", args.prefix]
+    argv = ["node", str(REPO_ROOT / "interop" / "board.js"), "--port", str(args.port), *where, "--host", args.host]
+    if args.read_only:
+        argv += ["--read-only", "true"]
     for name in args.queue:
         argv += ["--queue", name]
-    return subprocess.call(argv)
+    return argv
+
+
+def cmd_board(args: argparse.Namespace) -> int:
+    if not (REPO_ROOT / "interop" / "node_modules").is_dir() or shutil.which("node") is None:
+        raise CliError("Bull-Board needs Node.js and interop/node_modules: run 'make setup' in the repository")
+    if args.host not in LOOPBACK_HOSTS:
+        print(f"bullmq-compat: warning: Bull-Board is bound to {args.host}, beyond loopback: anyone who can reach "
+              f"port {args.port} there can see job data{'' if args.read_only else ' and retry, promote, clean or remove jobs'}"
+              " without logging in. Put it behind an authenticating proxy"
+              f"{'' if args.read_only else ', or pass --read-only'}.", file=sys.stderr, flush=True)
+    url_variable = "BULLMQ_COMPAT_POSTGRES_URL" if getattr(args, "postgres", None) else "BULLMQ_COMPAT_REDIS_URL"
+    proc = subprocess.Popen(board_argv(args), env={**os.environ, url_variable: args.postgres or args.redis})
+    # SIGTERM to us stops the board too (it is our child: it must not outlive us)
+    previous = {sig: signal.signal(sig, lambda signum, _frame: proc.send_signal(signum))
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 async def cmd_migrate(args: argparse.Namespace) -> int:
@@ -332,6 +359,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("board", parents=[common], help="serve Bull-Board for queues (needs interop/)")
     p.add_argument("--queue", action="append", required=True)
     p.add_argument("--port", type=int, default=3000)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: this machine only; anything else prints a warning)")
+    p.add_argument("--read-only", action="store_true",
+                   help="Bull-Board's read-only mode: no retry, promote, clean or remove buttons")
     p.set_defaults(run=cmd_board)
 
     p = sub.add_parser("migrate", parents=[common], help="create or upgrade a PostgreSQL schema (Node's migrations)")

@@ -1,14 +1,20 @@
 'use strict';
 // Bull-Board over the given queues, for the Python interop tests (driven by tests/node.py).
 //
-//   node interop/board.js --redis URL --port P [--prefix bull] --queue Q [--queue Q2 ...]
+//   node interop/board.js --redis URL --port P [--prefix bull] [--host 127.0.0.1] [--read-only true]
+//                         --queue Q [--queue Q2 ...]
 //
-// Serves on 127.0.0.1:P with base path "/", prints {"listening": "http://127.0.0.1:P/"} once
-// ready, and exits cleanly on SIGTERM/SIGINT.
+// Serves on host:P (default 127.0.0.1) with base path "/", prints {"listening": "http://host:P/"}
+// once ready, and exits cleanly on SIGTERM/SIGINT. Without --redis the URL comes from
+// $BULLMQ_COMPAT_REDIS_URL (how `bullmq-compat board` passes it: off the process list, which every
+// local user can read). --read-only true is Bull-Board's readOnlyMode: no retry, promote, clean
+// or remove buttons, and its API refuses those actions (405).
 //
 // PostgreSQL instead of Redis (Node's own backend, see interop/backend.js):
 //
 //   node interop/board.js --postgres URL --schema S [--migrate true|false] --port P --queue Q ...
+//
+// (or the URL in $BULLMQ_COMPAT_POSTGRES_URL instead of --postgres)
 //
 // The board's BullMQAdapter is then given Queues bound to createPostgresBackend on that schema;
 // the JSON API below answers the same. (Bull-Board lists no workers for such queues: it keeps
@@ -35,7 +41,7 @@ const { BullMQAdapter } = require('@bull-board/api/bullMQAdapter');
 const { ExpressAdapter } = require('@bull-board/express');
 
 function parseArgs(argv) {
-  const opts = { port: 3000, queues: [], conn: {} };
+  const opts = { port: 3000, queues: [], conn: {}, host: '127.0.0.1', readOnly: false };
   for (let i = 0; i < argv.length; i += 2) {
     const [flag, value] = [argv[i], argv[i + 1]];
     if (value === undefined) throw new Error(`missing value for ${flag}`);
@@ -46,9 +52,16 @@ function parseArgs(argv) {
     else if (flag === '--port') opts.port = Number(value);
     else if (flag === '--prefix') opts.conn.prefix = value;
     else if (flag === '--queue') opts.queues.push(value);
+    else if (flag === '--host') opts.host = value;
+    else if (flag === '--read-only') opts.readOnly = value === 'true';
     else throw new Error(`unknown option ${flag}`);
   }
   if (opts.queues.length === 0) throw new Error('at least one --queue is required');
+  // a URL not on the command line comes from the environment (off the process list)
+  if (!opts.conn.redis && !opts.conn.postgres) {
+    if (process.env.BULLMQ_COMPAT_POSTGRES_URL) opts.conn.postgres = process.env.BULLMQ_COMPAT_POSTGRES_URL;
+    else opts.conn.redis = process.env.BULLMQ_COMPAT_REDIS_URL || 'redis://127.0.0.1:6379';
+  }
   return opts;
 }
 
@@ -63,16 +76,17 @@ async function main() {
   const serverAdapter = new ExpressAdapter();
   serverAdapter.setBasePath('/');
   // showWorkers: the board lists the workers connected to each queue (Python ones included)
-  createBullBoard({ queues: queues.map((q) => new BullMQAdapter(q)), serverAdapter, options: { uiConfig: { showWorkers: true } } });
+  createBullBoard({ queues: queues.map((q) => new BullMQAdapter(q, { readOnlyMode: opts.readOnly })), serverAdapter, options: { uiConfig: { showWorkers: true } } });
   const app = express();
   app.use('/', serverAdapter.getRouter());
 
   const server = http.createServer(app);
   await new Promise((resolve, reject) => {
     server.once('error', reject);
-    server.listen(opts.port, '127.0.0.1', resolve);
+    server.listen(opts.port, opts.host, resolve);
   });
-  process.stdout.write(JSON.stringify({ listening: `http://127.0.0.1:${opts.port}/` }) + '\n');
+  const shownHost = opts.host.includes(':') ? `[${opts.host}]` : opts.host;
+  process.stdout.write(JSON.stringify({ listening: `http://${shownHost}:${opts.port}/`, readOnly: opts.readOnly }) + '\n');
 
   let stopping = false;
   const stop = async () => {

@@ -123,9 +123,12 @@ def main() -> int:
     started: list[subprocess.Popen[bytes]] = []
     try:
         url = postgres_url() if BACKEND == "postgres" else redis_url(started)
-        where = (["--postgres", url, "--schema", SCHEMA] if BACKEND == "postgres" else ["--redis", url])
+        # the URL goes in the environment, not on the process list (its password would show there)
+        variable = "BULLMQ_COMPAT_POSTGRES_URL" if BACKEND == "postgres" else "BULLMQ_COMPAT_REDIS_URL"
+        where = ["--schema", SCHEMA] if BACKEND == "postgres" else []
         board = subprocess.Popen(["node", str(ROOT / "interop" / "board.js"), *where, "--port", str(PORT),
-                                  "--queue", QUEUE], cwd=ROOT, stdout=subprocess.PIPE)
+                                  "--queue", QUEUE], cwd=ROOT, stdout=subprocess.PIPE,
+                                 env={**os.environ, variable: url})
         started.append(board)
         line = board.stdout.readline() if board.stdout else b""  # {"listening": ...}
         if not line:

@@ -112,7 +112,7 @@ async def test_producer_and_worker_run_as_the_documented_users(server: RedisServ
                 await queue.add("lifo", {}, lifo=True),
                 await queue.add("retried", {"fail_once": True}, attempts=2, backoff={"type": "fixed", "delay": 100}),
                 await queue.add("failed", {"fail": True}),
-                await queue.add("kept-lock", {"ms": 2500}),  # outlives lock_duration: the lock is renewed
+                await queue.add("kept-lock", {"ms": 4000}),  # outlives lock_duration: the lock is renewed
                 await queue.add("removed", {}, remove_on_complete=True),
                 await queue.add("dedup", {}, deduplication={"id": "d-1"}),
                 await queue.add("custom-id", {}, job_id="custom-1")]
@@ -126,7 +126,7 @@ async def test_producer_and_worker_run_as_the_documented_users(server: RedisServ
 
         events = QueueEvents(queue_name, worker_url)
         worker = Worker(queue_name, processor, worker_url, concurrency=4, name="acl-worker",
-                        lock_duration=1000, stalled_interval=1000)
+                        lock_duration=3000, stalled_interval=3000)
         await events.wait_until_ready()
         task = asyncio.ensure_future(worker.run(handle_signals=False))
         try:
@@ -147,6 +147,8 @@ async def test_producer_and_worker_run_as_the_documented_users(server: RedisServ
             await worker.close()
             await asyncio.wait_for(task, 30)
             await events.close()
+        kept = await queue.get_job(jobs[6].id)  # renewed (extendLocks as the worker user), never stalled
+        assert kept.returnvalue == {"done": "kept-lock"} and kept.attempts_started == 1 and kept.stalled_counter == 0
         retried = await queue.get_job(jobs[4].id)
         assert retried.attempts_made == 2 and retried.returnvalue == {"done": "retried"}
         # the one refusal: FCALL (no FUNCTION for these users), after which EVALSHA serves
@@ -168,11 +170,14 @@ async def test_keeper_runs_as_the_documented_user(server: RedisServer, admin: An
         for step in range(3):
             for group in ("A", "B"):
                 await queue.add("g", {"g": group, "s": step}, group=group)
+        # a timed sweep (it takes the keepers' shared lease with SET NX PX first) as this user
+        assert await keeper.sweep_if_due() == 0 and await keeper.sweep_if_due() is None  # lease held
         keeper.start()
         async with NodeProcess.work(redis=f"redis://127.0.0.1:{server.port}", queue=queue_name, count=6,
                                     timeoutMs=60_000) as node_worker:
             outcome = await node_worker.result()
-        assert len(outcome["completed"]) == 6 and not outcome["timedOut"], outcome
+        assert len(outcome["completed"]) == 6 and not outcome["timedOut"], (
+            outcome, keeper.sweeps, keeper.released, await refusals(admin))
         assert keeper.released >= 4  # the second and third job of each group came from the keeper
         assert await refusals(admin) == []
     finally:

@@ -10,6 +10,7 @@ import json
 import re
 import shutil
 import subprocess
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -97,3 +98,134 @@ async def test_board_shows_python_processed_jobs_and_the_python_worker(redis_url
         await task
         await queue.close()
     assert (ARTIFACTS / "board-completed.png").stat().st_size > 10_000
+
+
+# -- `bullmq-compat board`: loopback unless --host says otherwise, and --read-only ------------------
+
+SECRET = "board-s3cret-Jw4"
+
+
+def non_loopback_address() -> str | None:
+    """This machine's address on its default route, if it has one (no packet is sent)."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))
+            address = s.getsockname()[0]
+    except OSError:
+        return None
+    return None if address.startswith("127.") else address
+
+
+def reachable(host: str, port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection((host, port), timeout=5):
+            return True
+    except OSError:
+        return False
+
+
+class CliBoard:
+    """``python -m bullmq_compat board ...`` in the background: its first stdout line, its stderr."""
+
+    def __init__(self, *argv: str, redis: str) -> None:
+        import os
+        import sys
+
+        self.argv = [sys.executable, "-m", "bullmq_compat", "board", *argv]
+        self.env = {**os.environ, "REDIS_URL": redis}  # the documented habit: not on a command line
+        self.proc: asyncio.subprocess.Process | None = None
+        self.first_line: dict = {}
+        self.stderr = b""
+
+    async def __aenter__(self) -> "CliBoard":
+        self.proc = await asyncio.create_subprocess_exec(*self.argv, cwd=str(ROOT), stdout=subprocess.PIPE,
+                                                         stderr=subprocess.PIPE, env=self.env)
+        assert self.proc.stdout is not None
+        line = await asyncio.wait_for(self.proc.stdout.readline(), 60)
+        assert line, f"the board printed nothing: {await self.proc.stderr.read()!r}"  # type: ignore[union-attr]
+        self.first_line = json.loads(line)
+        return self
+
+    def command_lines(self) -> list[str]:
+        """Every process's command line (the board's node child included)."""
+        lines = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    lines.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+                except OSError:
+                    pass
+        return lines
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.proc is not None
+        self.proc.terminate()  # the CLI passes it on to the node process, which exits cleanly
+        _, self.stderr = await asyncio.wait_for(self.proc.communicate(), 30)
+
+
+async def test_cli_board_binds_loopback_by_default_and_read_only_hides_the_actions(redis_url, queue_name):
+    ARTIFACTS.mkdir(exist_ok=True)
+    # the session's Redis wants no password; one given is ignored with a warning, and must show nowhere
+    url = redis_url.replace("redis://", f"redis://:{SECRET}@", 1) if "@" not in redis_url else redis_url
+    queue = Queue(queue_name, redis_url)
+    try:
+        await queue.add("later", {}, delay=3_600_000)
+        await queue.add("send-sms", {"failTimes": 9}, attempts=1)
+
+        async def fail(job):
+            raise RuntimeError(f"{job.name} failed on purpose")
+        worker = Worker(queue_name, fail, redis_url)
+        task = asyncio.ensure_future(worker.run(handle_signals=False))
+        try:
+            for _ in range(300):
+                if (await queue.get_job_counts("failed"))["failed"] >= 1:
+                    break
+                await asyncio.sleep(0.1)
+        finally:
+            await worker.close()
+            await task
+        other_address = non_loopback_address()
+
+        # the default: loopback, no warning, the action buttons there
+        port = free_port()
+        async with CliBoard("--queue", queue_name, "--port", str(port), redis=url) as board:
+            assert board.first_line == {"listening": f"http://127.0.0.1:{port}/", "readOnly": False}
+            assert not any(SECRET in line for line in board.command_lines())  # node's included
+            failed = await render(f"http://127.0.0.1:{port}/queue/{queue_name}?status=failed")
+            assert "send-sms" in failed and "Retry all" in failed and "Clean all" in failed
+            assert "Promote all" in await render(f"http://127.0.0.1:{port}/queue/{queue_name}?status=delayed")
+            if other_address is not None:
+                assert not reachable(other_address, port), "bound beyond loopback without --host"
+        assert b"warning" not in board.stderr and SECRET.encode() not in board.stderr
+
+        # --host 0.0.0.0 --read-only: a warning, reachable beyond loopback, no action buttons, API refuses
+        port = free_port()
+        async with CliBoard("--queue", queue_name, "--port", str(port), "--host", "0.0.0.0", "--read-only",
+                            redis=url) as board:
+            assert board.first_line == {"listening": f"http://0.0.0.0:{port}/", "readOnly": True}
+            assert not any(SECRET in line for line in board.command_lines())  # node's included
+            if other_address is not None:
+                assert reachable(other_address, port)
+            base = f"http://127.0.0.1:{port}/queue/{queue_name}"
+            failed = await render(f"{base}?status=failed", screenshot=ARTIFACTS / "board-read-only-failed.png")
+            assert "send-sms" in failed and "failed on purpose" in failed  # the jobs are shown ...
+            delayed = await render(f"{base}?status=delayed")
+            assert "later" in delayed
+            for button in ("Retry", "Clean", "Promote", "Remove"):  # ... without their actions
+                assert button not in failed and button not in delayed, button
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/api/queues/{queue_name}/retry/failed",
+                                             method="PUT")
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request)
+            assert refused.value.code == 405
+            assert (await queue.get_job_counts("failed"))["failed"] == 1
+        warning = board.stderr.decode()
+        assert "warning: Bull-Board is bound to 0.0.0.0, beyond loopback" in warning, warning
+        assert SECRET not in warning
+    finally:
+        await queue.close()
+    assert (ARTIFACTS / "board-read-only-failed.png").stat().st_size > 10_000

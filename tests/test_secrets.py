@@ -70,7 +70,7 @@ def test_redact_kwargs_and_node_lists() -> None:
     assert scrub(f"AUTH {SECRET} failed for redis://u:{SECRET}@h", [SECRET]) == "AUTH *** failed for redis://u:***@h"
 
 
-def test_sentinel_and_cluster_node_lists_are_shown_without_passwords() -> None:
+async def test_sentinel_and_cluster_node_lists_are_shown_without_passwords(queue_name: str) -> None:
     from redis.asyncio.cluster import ClusterNode, RedisCluster
     from redis.asyncio.sentinel import Sentinel
 
@@ -84,8 +84,15 @@ def test_sentinel_and_cluster_node_lists_are_shown_without_passwords() -> None:
     cluster = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", free_port())], password=SECRET)
     handle = RedisHandle(cluster)
     assert handle.description.startswith("Redis Cluster 127.0.0.1:") and SECRET in handle.secrets
-    for text in (repr(Queue("q", cluster)), repr(Queue("q", sentinel.master_for("mymaster", password=SECRET)))):
-        assert SECRET not in text
+    for client in (cluster, sentinel.master_for("mymaster", password=SECRET)):
+        queue = Queue(queue_name, client)
+        assert SECRET not in repr(queue)
+        with pytest.raises(Exception) as caught:  # nothing listens there: the failure names the nodes
+            await asyncio.wait_for(queue.add("n", {}), 60)
+        text = str(caught.value) + "".join(traceback.format_exception(caught.value))
+        assert SECRET not in text and "127.0.0.1:" in str(caught.value), text
+        await queue.close()
+        await client.aclose()
 
 
 # -- every failure, every class -------------------------------------------------------------------
