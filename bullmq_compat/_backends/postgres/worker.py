@@ -1,0 +1,488 @@
+"""A worker's hot path on PostgreSQL: upstream's worker commands, called as Node's Postgres backend calls them.
+
+Each method is one of upstream's SQL commands with the parameters Node's ``PostgresQueueBackend``
+passes (``moveToActive``, ``moveToCompleted``/``moveToFailed`` with ``fetchNext``, ``moveToDelayed``,
+``retryJob``, ``extendLocks`` ...), so a Node worker on the same schema and ours share every job.
+Retries are decided by the caller (`Job.move_to_failed`: ``move_to_delayed`` or ``retry_job`` while
+attempts remain); ``move_to_failed_fetch`` fails for good. The parent policies (fail / continue /
+ignore / remove dependency on failure) are read by upstream's functions from the child's stored
+``opts``: Node passes none of them, nor do we.
+
+Connections: the channel keeps ``lanes`` -- up to ``pool_size`` sessions of its own, opened as
+they are needed and each used by one call at a time, with psycopg's prepared statements -- and
+one LISTEN session named ``client_name`` (``<queue>`` or ``<queue>:w:<worker>``, what Node's
+getWorkers looks for). A borrowed-and-returned pool connection per call costs more client CPU than
+the call itself (see scripts/bench_postgres.py), hence the lanes.
+
+Waiting (`wait_for_job`): ``LISTEN bullmq_jobs`` (one channel for the database, payload = the queue
+name), then probe ``has_waiting_job`` and ``next_delay`` on that session -- on every wait, as Node,
+so a job added before the LISTEN or while the session was being rebuilt is not missed -- and sleep
+until a NOTIFY for our queue, the next delayed job's due time, a `wake_at` time or the timeout.
+A lost session is rebuilt (re-LISTEN, probe) at once; when that fails too, the error is one of
+`PostgresBackend.transient_errors` and the worker retries with back-off.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+
+from bullmq_compat._backends.base import NextJob, WorkerChannel, WorkerSettings
+from bullmq_compat._backends.postgres import rows, sql
+from bullmq_compat._errors import InvalidJobData, NotSupportedOnBackend, PostgresUnavailable, script_error
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from bullmq_compat._backends.postgres.backend import PostgresBackend
+    from bullmq_compat._backends.postgres.connection import PostgresConnection
+
+logger = logging.getLogger("bullmq_compat.postgres")
+
+#: sessions a channel opens at most when ``settings.extra`` names no ``pool_size`` / ``concurrency``
+DEFAULT_POOL_SIZE = 10
+#: the NOTIFY channel producers post to (upstream's ``listen_jobs``); the payload is the queue name
+JOBS_CHANNEL = "bullmq_jobs"
+#: how long a wait may sleep when the probe keeps saying "a job waits" but claims come back empty
+#: (the queue's global concurrency is reached, or its jobs are locked): poll, don't spin
+SUSPECT_PROBE_WAIT_S = 1.0
+
+_NO_JOB: NextJob = (None, None, 0, 0)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def keep_params(value: Any) -> tuple[bool, Optional[int], Optional[int]]:
+    """Node's normalizeKeep: a removeOnComplete/removeOnFail value as (remove all, keep age s, keep count)."""
+    if value is True:
+        return True, None, None
+    if value is None or value is False:
+        return False, None, None
+    if isinstance(value, (int, float)):
+        return False, None, int(value)
+    if isinstance(value, Mapping):
+        age, count = value.get("age"), value.get("count")
+        return False, None if age is None else int(age), None if count is None else int(count)
+    return False, None, None
+
+
+def json_text(text: Optional[str], what: str) -> Optional[str]:
+    """JSON text we encoded ourselves (a return value, a stack trace) for a ``jsonb`` parameter:
+    only what jsonb cannot store is refused here (`InvalidJobData`), without parsing it again."""
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        raise InvalidJobData(f"job {what} must be JSON text (a str), not {type(text).__name__}")
+    if rows.has_nul(text):
+        raise InvalidJobData(f"job {what} holds the character U+0000, which PostgreSQL's jsonb cannot store")
+    return text
+
+
+def transient(err: BaseException) -> BaseException:
+    """Connection trouble psycopg does not call OperationalError (a closed connection, a socket
+    error) as `PostgresUnavailable`, which the worker retries; anything else as it is."""
+    import psycopg
+
+    if isinstance(err, (psycopg.InterfaceError, OSError)) and not isinstance(err, PostgresUnavailable):
+        return PostgresUnavailable(f"lost the PostgreSQL connection: {err}")
+    return err
+
+
+def is_connection_error(err: BaseException) -> bool:
+    import psycopg
+
+    return isinstance(err, (psycopg.OperationalError, psycopg.InterfaceError, OSError))
+
+
+class Lanes:
+    """Up to ``size`` sessions of a `PostgresConnection`, each running one statement at a time.
+
+    Sessions come from ``open_listen_session`` (our own connections when we own the pool, with
+    search_path and keepalive; borrowed from a user's pool otherwise) and are opened only when all
+    open ones are busy. A session that fails with connection trouble is closed and replaced on a
+    later call. Statements are prepared on each session (psycopg ``prepare=True``): the server parses
+    and plans each of upstream's commands once per session, not on every call as Node's ``pg`` does.
+    """
+
+    def __init__(self, connection: "PostgresConnection", size: int) -> None:
+        self.connection = connection
+        self.size = max(1, size)
+        self._idle: collections.deque["psycopg.AsyncConnection[Any]"] = collections.deque()
+        self._open = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._closed = False
+
+    async def _take(self) -> "psycopg.AsyncConnection[Any]":
+        while True:
+            if self._closed:
+                raise PostgresUnavailable("the worker's PostgreSQL channel is closed")
+            if self._idle:
+                return self._idle.pop()  # the most recently used: its caches are warm
+            if self._open < self.size:
+                self._open += 1
+                try:
+                    return await self.connection.open_listen_session(None)
+                except BaseException:
+                    self._open -= 1
+                    self._wake()
+                    raise
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except BaseException:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake()  # pass the turn on
+                raise
+
+    def _wake(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    async def _give_back(self, conn: "psycopg.AsyncConnection[Any]", broken: bool) -> None:
+        if broken or self._closed or conn.closed:
+            self._open -= 1
+            with contextlib.suppress(Exception):
+                await self.connection.close_listen_session(conn)
+        else:
+            self._idle.append(conn)
+        self._wake()
+
+    async def run(self, name: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+        """Rows of upstream's command ``name``; a BM001 refusal is raised as the psycopg error."""
+        import psycopg
+        from psycopg.rows import dict_row
+
+        text = sql.command(name)
+        conn = await self._take()
+        broken = False
+        try:
+            async with psycopg.AsyncRawCursor(conn, row_factory=dict_row) as cur:
+                await cur.execute(text, list(params), prepare=True)
+                return await cur.fetchall() if cur.description is not None else []
+        except BaseException as err:
+            broken = is_connection_error(err) or isinstance(err, asyncio.CancelledError)
+            raise
+        finally:
+            await self._give_back(conn, broken)
+
+    async def close(self) -> None:
+        self._closed = True
+        while self._idle:
+            conn = self._idle.pop()
+            self._open -= 1
+            with contextlib.suppress(Exception):
+                await self.connection.close_listen_session(conn)
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
+
+class JobsListener:
+    """The LISTEN session of a worker: named, subscribed to ``bullmq_jobs``, rebuilt when lost."""
+
+    def __init__(self, connection: "PostgresConnection", queue: str, client_name: str) -> None:
+        self.connection = connection
+        self.queue = queue
+        self.client_name = client_name
+        self.conn: Optional["psycopg.AsyncConnection[Any]"] = None
+        self.opened = 0  # sessions opened so far (a test sees a rebuild as opened > 1)
+
+    async def session(self) -> "psycopg.AsyncConnection[Any]":
+        if self.conn is None or self.conn.closed:
+            await self.drop()
+            conn = await self.connection.open_listen_session(self.client_name or None)
+            try:
+                await sql.execute(conn, sql.command("listen_jobs"))
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await self.connection.close_listen_session(conn)
+                raise
+            self.conn = conn
+            self.opened += 1
+        return self.conn
+
+    async def probe(self) -> tuple[bool, Optional[int]]:
+        """(a claimable job waits, the next delayed job's due time ms or None), on the LISTEN session:
+        a NOTIFY arriving meanwhile is kept by psycopg for the next `notifies`."""
+        conn = await self.session()
+        present = (await sql.execute(conn, sql.command("has_waiting_job"), [self.queue])).rows[0]["present"]
+        due = (await sql.execute(conn, sql.command("next_delay"), [self.queue])).rows[0]["next_delay"]
+        return bool(present), None if due is None else int(due)
+
+    async def next_notify(self, timeout: float) -> bool:
+        """True at the first NOTIFY on ``bullmq_jobs`` for our queue; False when ``timeout`` passes."""
+        conn = await self.session()
+        async for notify in conn.notifies(timeout=max(timeout, 0.0)):
+            if notify.channel == JOBS_CHANNEL and notify.payload == self.queue:
+                return True
+        return False
+
+    async def drop(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await self.connection.close_listen_session(conn)
+
+
+class PostgresWorkerChannel(WorkerChannel):
+    """One worker's calls on PostgreSQL (see the module docstring).
+
+    >>> channel = await backend.open_worker_channel(WorkerSettings(name="w1"), backend.client_name(":w:w1"))
+    >>> job_fields, job_id, rate_limit_ms, next_delayed_ms = await channel.move_to_active("token-1", now_ms())
+    """
+
+    def __init__(self, backend: "PostgresBackend", settings: WorkerSettings, client_name: str) -> None:
+        import psycopg
+
+        self.backend = backend
+        self.queue = backend.name
+        self.settings = settings
+        self.client_name = client_name
+        extra = settings.extra or {}
+        size = extra.get("pool_size") or extra.get("concurrency") or DEFAULT_POOL_SIZE
+        self.lanes = Lanes(backend.connection, int(size))
+        self.listener = JobsListener(backend.connection, self.queue, client_name)
+        limiter = settings.limiter or {}
+        self._limiter_max: Optional[int] = limiter.get("max")
+        self._limiter_duration: Optional[int] = limiter.get("duration")
+        self._psycopg_error: type[BaseException] = psycopg.Error
+        self._wake_due: Optional[int] = None
+        self._wake_changed: Optional[asyncio.Event] = None
+        self._probe_woke = False  # the last wait returned because the probe said "a job waits"
+        self._suspect_probe = False  # ... and claims came back empty since: the probe is not enough
+        self._closed = False
+
+    # -- running commands --------------------------------------------------------------------
+    async def _run(self, name: str, params: Sequence[Any], *, job_id: Optional[str] = None,
+                   op: str = "", state: str = "") -> list[dict[str, Any]]:
+        try:
+            return await self.lanes.run(name, params)
+        except self._psycopg_error as err:
+            mapped = sql.domain_error(err, job_id=job_id, command=op or name, state=state)
+            if mapped is not None:
+                raise mapped from None
+            raise transient(err) from err
+        except OSError as err:
+            raise transient(err) from err
+
+    def _claim_params(self, now: int) -> list[Any]:
+        """lock ms, now, worker name, limiter max, limiter duration: the tail of every claim."""
+        return [int(self.settings.lock_duration), int(now), self.settings.name, self._limiter_max,
+                self._limiter_duration]
+
+    async def _next_job(self, found: list[dict[str, Any]], now: int) -> NextJob:
+        """Node's buildNextJobResult: the claimed job, else the rate-limit TTL or the next delayed due time."""
+        if found:
+            self._probe_woke = False
+            self._suspect_probe = False
+            row = found[0]
+            return rows.job_fields(row), str(row["id"]), 0, 0
+        if self._probe_woke:
+            self._suspect_probe = True
+        signal = await self._run("next_signal", [self.queue, self._limiter_max, int(now)])
+        first = signal[0] if signal else {}
+        ttl = int(first.get("rate_limit_ttl") or 0)
+        if ttl > 0:
+            return None, None, ttl, 0
+        return None, None, 0, int(first.get("next_delay") or 0)
+
+    # -- the contract ------------------------------------------------------------------------
+    async def move_to_active(self, token: str, now: int) -> NextJob:
+        found = await self._run("move_to_active", [self.queue, token, *self._claim_params(now)],
+                                op="moveToActive")
+        return await self._next_job(found, now)
+
+    async def move_to_finished(self, job_id: str, job_opts: Mapping[str, Any], target: str, value: str,
+                               token: str, now: int, fetch_next: bool,
+                               fields_to_update: Optional[Mapping[str, str]] = None,
+                               group_id: Optional[str] = None) -> Optional[NextJob]:
+        if group_id is not None:
+            raise NotSupportedOnBackend("per-group FIFO (group_id)", "postgres")
+        job_id = rows.text_param(job_id, what="job_id")
+        completed = target == "completed"
+        own = job_opts.get("remove_on_complete" if completed else "remove_on_fail")
+        if own is None:
+            own = job_opts.get("removeOnComplete" if completed else "removeOnFail")
+        keep = keep_params(own if own is not None else
+                           (self.settings.remove_on_complete if completed else self.settings.remove_on_fail))
+        finished_on = int(now)
+        if completed:
+            head: list[Any] = [self.queue, job_id, token, json_text(value, "return value"), finished_on, *keep]
+        else:
+            stacktrace = (fields_to_update or {}).get("stacktrace")
+            head = [self.queue, job_id, token, rows.text_param(value, what="failed reason"),
+                    json_text(stacktrace, "stacktrace"),
+                    finished_on, *keep]
+        command = ("move_to_completed" if completed else "move_to_failed") + ("_fetch" if fetch_next else "")
+        params = head + self._claim_params(now) if fetch_next else head
+        found = await self._run(command, params, job_id=job_id, op="moveToFinished", state="active")
+        await self._collect_metrics("completed" if completed else "failed", finished_on)
+        return await self._next_job(found, now) if fetch_next else None
+
+    async def _collect_metrics(self, kind: str, finished_on: int) -> None:
+        """Node's collectMetrics: a statement of its own after the finish, best-effort."""
+        max_points = self.settings.max_metrics_size
+        if not max_points:
+            return
+        try:
+            await self._run("collect_metrics", [self.queue, kind, int(max_points), finished_on])
+        except Exception as err:  # the job is finished: a lost data point must not undo that
+            logger.warning("queue %s: could not record a %s metric (%s)", self.queue, kind, err)
+
+    async def move_to_delayed(self, job_id: str, now: int, delay: int, token: str, *,
+                              skip_attempt: bool = False, fields_to_update: Optional[Mapping[str, str]] = None,
+                              fetch_next: bool = False) -> Optional[NextJob]:
+        job_id = rows.text_param(job_id, what="job_id")
+        fields = fields_to_update or {}
+        stacktrace = fields.get("stacktrace")
+        await self._run("move_to_delayed", [
+            self.queue, job_id, token or "", int(now) + int(delay), int(delay), bool(skip_attempt),
+            fields.get("failedReason"), json_text(stacktrace, "stacktrace"),
+        ], job_id=job_id, op="moveToDelayed", state="active")
+        if not (fetch_next and token):
+            return None
+        # Node: moveToActive after, and the next job only when one was claimed (no delay hint)
+        found = await self._run("move_to_active", [self.queue, token, *self._claim_params(now)],
+                                op="moveToActive")
+        return await self._next_job(found, now) if found else _NO_JOB
+
+    async def retry_job(self, job_id: str, lifo: bool, token: str, now: int,
+                        fields_to_update: Optional[Mapping[str, str]] = None) -> None:
+        job_id = rows.text_param(job_id, what="job_id")
+        fields = fields_to_update or {}
+        stacktrace = fields.get("stacktrace")
+        await self._run("retry_job", [
+            self.queue, job_id, token or "", bool(lifo), fields.get("failedReason"),
+            json_text(stacktrace, "stacktrace"),
+        ], job_id=job_id, op="retryJob", state="active")
+
+    async def extend_locks(self, job_ids: Sequence[str], tokens: Sequence[str], duration: int) -> list[str]:
+        if not job_ids:
+            return []
+        found = await self._run("extend_locks", [self.queue, [str(i) for i in job_ids], [str(t) for t in tokens],
+                                                 int(duration), now_ms()])
+        return [str(r["id"]) for r in found]
+
+    async def extend_lock(self, job_id: str, token: str, duration: int) -> bool:
+        found = await self._run("extend_lock", [self.queue, rows.text_param(job_id, what="job_id"), token,
+                                                int(duration), now_ms()])
+        return bool(found and found[0]["n"])
+
+    async def move_stalled_jobs_to_wait(self, now: int) -> list[str]:
+        found = await self._run("move_stalled_jobs_to_wait", [
+            self.queue, int(self.settings.max_stalled_count), int(now), int(self.settings.stalled_interval)])
+        return [str(r["id"]) for r in found]
+
+    async def move_job_from_active_to_wait(self, job_id: str, token: str) -> int:
+        job_id = rows.text_param(job_id, what="job_id")
+        found = await self._run("move_active_to_wait", [self.queue, job_id, token or "0", now_ms()],
+                                job_id=job_id, op="moveJobFromActiveToWait")
+        n = int(found[0]["n"])
+        if n < 0:
+            raise script_error(n, job_id=job_id, command="moveJobFromActiveToWait")
+        return n
+
+    async def move_to_waiting_children(self, job_id: str, token: str, now: int, child_key: str = "") -> bool:
+        job_id = rows.text_param(job_id, what="job_id")
+        found = await self._run("move_to_waiting_children", [self.queue, job_id, token],
+                                job_id=job_id, op="moveToWaitingChildren", state="active")
+        code = int(found[0]["code"])
+        if code < 0:
+            raise script_error(code, job_id=job_id, command="moveToWaitingChildren", state="active")
+        return code == 1
+
+    # -- waiting for work --------------------------------------------------------------------
+    async def wait_for_job(self, timeout: float) -> Optional[tuple[str, float]]:
+        """``(queue, 0)`` at a NOTIFY for our queue (or when the probe finds a waiting job),
+        ``(queue, due ms)`` when a delayed job (or a `wake_at` time) comes due, None at ``timeout``."""
+        if self._closed:
+            return None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(float(timeout), 0.0)
+        if self._wake_changed is None:
+            self._wake_changed = asyncio.Event()
+        present, next_delay = await self._probe()
+        if present and not self._suspect_probe:
+            self._probe_woke = True
+            return self.queue, 0.0
+        if present:  # claims keep coming back empty although jobs wait: poll instead of spinning
+            deadline = min(deadline, loop.time() + SUSPECT_PROBE_WAIT_S)
+        while not self._closed:
+            due = min((d for d in (next_delay, self._wake_due) if d is not None), default=None)
+            until = deadline
+            if due is not None:
+                until = min(until, loop.time() + (due - now_ms() + 1) / 1000)
+            remaining = until - loop.time()
+            if remaining <= 0:
+                break
+            self._wake_changed.clear()
+            if await self._notify_or_wake(remaining):
+                self._probe_woke = False
+                return self.queue, 0.0
+        due = min((d for d in (next_delay, self._wake_due) if d is not None), default=None)
+        if due is not None and due <= now_ms() + 1:
+            if self._wake_due is not None and self._wake_due <= now_ms() + 1:
+                self._wake_due = None
+            return self.queue, float(due)
+        return None
+
+    async def _probe(self) -> tuple[bool, Optional[int]]:
+        try:
+            return await self.listener.probe()
+        except Exception as err:
+            if not is_connection_error(err):
+                raise
+            await self.listener.drop()  # the session was lost: rebuild it (LISTEN, probe) once now
+        try:
+            return await self.listener.probe()
+        except Exception as err:
+            await self.listener.drop()
+            raise transient(err) from err
+
+    async def _notify_or_wake(self, remaining: float) -> bool:
+        """Wait up to ``remaining`` s for a NOTIFY (True) or a `wake_at` / `close` (False)."""
+        assert self._wake_changed is not None
+        notified = asyncio.ensure_future(self.listener.next_notify(remaining))
+        woken = asyncio.ensure_future(self._wake_changed.wait())
+        try:
+            await asyncio.wait({notified, woken}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            woken.cancel()
+            if not notified.done():
+                notified.cancel()
+                with contextlib.suppress(BaseException):
+                    await notified
+        if notified.cancelled():
+            return False
+        err = notified.exception()
+        if err is None:
+            return bool(notified.result())
+        await self.listener.drop()
+        if not is_connection_error(err):
+            raise err
+        # the session was lost mid-wait (pg_terminate_backend, a restart): rebuild it now and look
+        present, _ = await self._probe()
+        return present
+
+    async def wake_at(self, due_ms: int) -> None:
+        if self._wake_due is None or due_ms < self._wake_due:
+            self._wake_due = int(due_ms)
+        if self._wake_changed is not None:
+            self._wake_changed.set()
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._wake_changed is not None:
+            self._wake_changed.set()
+        await self.lanes.close()
+        await self.listener.drop()
