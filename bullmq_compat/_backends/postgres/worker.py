@@ -24,14 +24,15 @@ A lost session is rebuilt (re-LISTEN, probe) at once; when that fails too, the e
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
+import json
 import logging
 import time
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
-from bullmq_compat._backends.base import NextJob, WorkerChannel, WorkerSettings
+from bullmq_compat._backends.base import JobFields, NextJob, WorkerChannel, WorkerSettings
 from bullmq_compat._backends.postgres import rows, sql
+from bullmq_compat._backends.postgres.lanes import Lanes, TextRow
 from bullmq_compat._errors import InvalidJobData, NotSupportedOnBackend, PostgresUnavailable, script_error
 
 if TYPE_CHECKING:
@@ -83,6 +84,21 @@ def json_text(text: Optional[str], what: str) -> Optional[str]:
     return text
 
 
+#: the ``jsonb`` columns of ``job``: parsed from their text, as psycopg would, for `rows.job_fields`
+_JSON_COLUMNS = ("data", "opts", "progress", "return_value", "stacktrace")
+
+
+def job_fields(row: TextRow) -> JobFields:
+    """A ``job`` row read as text, as `rows.job_fields` makes it from psycopg's typed row (the same
+    `JobFields` as ``get_job``; integer columns are text already, as the function wants them)."""
+    typed: dict[str, Any] = dict(row)
+    for column in _JSON_COLUMNS:
+        text = row.get(column)
+        if text is not None:
+            typed[column] = json.loads(text)
+    return rows.job_fields(typed)
+
+
 def transient(err: BaseException) -> BaseException:
     """Connection trouble psycopg does not call OperationalError (a closed connection, a socket
     error) as `PostgresUnavailable`, which the worker retries; anything else as it is."""
@@ -97,94 +113,6 @@ def is_connection_error(err: BaseException) -> bool:
     import psycopg
 
     return isinstance(err, (psycopg.OperationalError, psycopg.InterfaceError, OSError))
-
-
-class Lanes:
-    """Up to ``size`` sessions of a `PostgresConnection`, each running one statement at a time.
-
-    Sessions come from ``open_listen_session`` (our own connections when we own the pool, with
-    search_path and keepalive; borrowed from a user's pool otherwise) and are opened only when all
-    open ones are busy. A session that fails with connection trouble is closed and replaced on a
-    later call. Statements are prepared on each session (psycopg ``prepare=True``): the server parses
-    and plans each of upstream's commands once per session, not on every call as Node's ``pg`` does.
-    """
-
-    def __init__(self, connection: "PostgresConnection", size: int) -> None:
-        self.connection = connection
-        self.size = max(1, size)
-        self._idle: collections.deque["psycopg.AsyncConnection[Any]"] = collections.deque()
-        self._open = 0
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-        self._closed = False
-
-    async def _take(self) -> "psycopg.AsyncConnection[Any]":
-        while True:
-            if self._closed:
-                raise PostgresUnavailable("the worker's PostgreSQL channel is closed")
-            if self._idle:
-                return self._idle.pop()  # the most recently used: its caches are warm
-            if self._open < self.size:
-                self._open += 1
-                try:
-                    return await self.connection.open_listen_session(None)
-                except BaseException:
-                    self._open -= 1
-                    self._wake()
-                    raise
-            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._waiters.append(waiter)
-            try:
-                await waiter
-            except BaseException:
-                if waiter.done() and not waiter.cancelled():
-                    self._wake()  # pass the turn on
-                raise
-
-    def _wake(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-
-    async def _give_back(self, conn: "psycopg.AsyncConnection[Any]", broken: bool) -> None:
-        if broken or self._closed or conn.closed:
-            self._open -= 1
-            with contextlib.suppress(Exception):
-                await self.connection.close_listen_session(conn)
-        else:
-            self._idle.append(conn)
-        self._wake()
-
-    async def run(self, name: str, params: Sequence[Any]) -> list[dict[str, Any]]:
-        """Rows of upstream's command ``name``; a BM001 refusal is raised as the psycopg error."""
-        import psycopg
-        from psycopg.rows import dict_row
-
-        text = sql.command(name)
-        conn = await self._take()
-        broken = False
-        try:
-            async with psycopg.AsyncRawCursor(conn, row_factory=dict_row) as cur:
-                await cur.execute(text, list(params), prepare=True)
-                return await cur.fetchall() if cur.description is not None else []
-        except BaseException as err:
-            broken = is_connection_error(err) or isinstance(err, asyncio.CancelledError)
-            raise
-        finally:
-            await self._give_back(conn, broken)
-
-    async def close(self) -> None:
-        self._closed = True
-        while self._idle:
-            conn = self._idle.pop()
-            self._open -= 1
-            with contextlib.suppress(Exception):
-                await self.connection.close_listen_session(conn)
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
 
 
 class JobsListener:
@@ -264,7 +192,7 @@ class PostgresWorkerChannel(WorkerChannel):
 
     # -- running commands --------------------------------------------------------------------
     async def _run(self, name: str, params: Sequence[Any], *, job_id: Optional[str] = None,
-                   op: str = "", state: str = "") -> list[dict[str, Any]]:
+                   op: str = "", state: str = "") -> list[TextRow]:
         try:
             return await self.lanes.run(name, params)
         except self._psycopg_error as err:
@@ -280,13 +208,13 @@ class PostgresWorkerChannel(WorkerChannel):
         return [int(self.settings.lock_duration), int(now), self.settings.name, self._limiter_max,
                 self._limiter_duration]
 
-    async def _next_job(self, found: list[dict[str, Any]], now: int) -> NextJob:
+    async def _next_job(self, found: list[TextRow], now: int) -> NextJob:
         """Node's buildNextJobResult: the claimed job, else the rate-limit TTL or the next delayed due time."""
         if found:
             self._probe_woke = False
             self._suspect_probe = False
             row = found[0]
-            return rows.job_fields(row), str(row["id"]), 0, 0
+            return job_fields(row), str(row["id"]), 0, 0
         if self._probe_woke:
             self._suspect_probe = True
         signal = await self._run("next_signal", [self.queue, self._limiter_max, int(now)])
@@ -376,7 +304,7 @@ class PostgresWorkerChannel(WorkerChannel):
     async def extend_lock(self, job_id: str, token: str, duration: int) -> bool:
         found = await self._run("extend_lock", [self.queue, rows.text_param(job_id, what="job_id"), token,
                                                 int(duration), now_ms()])
-        return bool(found and found[0]["n"])
+        return bool(found and int(found[0]["n"] or 0))
 
     async def move_stalled_jobs_to_wait(self, now: int) -> list[str]:
         found = await self._run("move_stalled_jobs_to_wait", [
@@ -387,7 +315,7 @@ class PostgresWorkerChannel(WorkerChannel):
         job_id = rows.text_param(job_id, what="job_id")
         found = await self._run("move_active_to_wait", [self.queue, job_id, token or "0", now_ms()],
                                 job_id=job_id, op="moveJobFromActiveToWait")
-        n = int(found[0]["n"])
+        n = int(found[0]["n"] or 0)
         if n < 0:
             raise script_error(n, job_id=job_id, command="moveJobFromActiveToWait")
         return n
@@ -396,7 +324,7 @@ class PostgresWorkerChannel(WorkerChannel):
         job_id = rows.text_param(job_id, what="job_id")
         found = await self._run("move_to_waiting_children", [self.queue, job_id, token],
                                 job_id=job_id, op="moveToWaitingChildren", state="active")
-        code = int(found[0]["code"])
+        code = int(found[0]["code"] or 0)
         if code < 0:
             raise script_error(code, job_id=job_id, command="moveToWaitingChildren", state="active")
         return code == 1
