@@ -301,6 +301,7 @@ async def test_an_idle_wait_wakes_soon_after_a_job_is_added_to_our_queue_only(
     added_at = await ours
     assert woken == ("q", 0.0)
     assert time.monotonic() - added_at < 5
+    assert not channel.listener.listening  # UNLISTENed between waits: nobody reads it while busy
 
 
 async def test_a_wait_returns_at_once_when_a_job_already_waits(backend: PostgresBackend,
@@ -388,11 +389,10 @@ async def names(backend: PostgresBackend, name: str) -> list[str]:
     return [str(r["application_name"]) for r in rows]
 
 
-async def test_the_listen_sessions_are_named_as_node_names_them(backend: PostgresBackend,
+async def test_the_listen_sessions_are_named_as_node_names_them_from_the_start(backend: PostgresBackend,
                                                                channel: PostgresWorkerChannel) -> None:
     assert backend.client_name(":w:w1") == "q:w:w1" and backend.client_name() == "q"
     assert backend.client_name(":qe") == "q:qe"
-    await channel.wait_for_job(0.05)
     reader = await backend.open_events_reader(backend.client_name(":qe"))
     try:
         await reader.read("0", 10)

@@ -601,7 +601,10 @@ class PostgresBackend(QueueBackend):
         from bullmq_compat._backends.postgres.worker import PostgresWorkerChannel
 
         await self.connection.connect()
-        return PostgresWorkerChannel(self, settings, client_name)
+        channel = PostgresWorkerChannel(self, settings, client_name)
+        if fast:  # a Worker's: named and listed at once, as Node's; a Queue's plain one only when it waits
+            await channel.announce()
+        return channel
 
     async def open_events_reader(self, client_name: str) -> EventsReader:
         from bullmq_compat._backends.postgres.events import PostgresEventsReader

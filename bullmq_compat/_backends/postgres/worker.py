@@ -116,40 +116,58 @@ def is_connection_error(err: BaseException) -> bool:
 
 
 class JobsListener:
-    """The LISTEN session of a worker: named, subscribed to ``bullmq_jobs``, rebuilt when lost."""
+    """The named session a worker waits on: LISTENs on ``bullmq_jobs`` for the time of a wait.
+
+    Between waits the session is UNLISTENed: nobody reads it while the worker is busy, and a
+    LISTENing session that is not read holds back the server's notification queue for every
+    session of the cluster (Node's ``pg`` reads its socket all the time; psycopg reads only while a
+    command or ``notifies`` runs). Each wait LISTENs before it probes, so nothing added meanwhile
+    is missed. The session stays open (and named) for the channel's life; it is rebuilt when lost.
+    """
 
     def __init__(self, connection: "PostgresConnection", queue: str, client_name: str) -> None:
         self.connection = connection
         self.queue = queue
         self.client_name = client_name
         self.conn: Optional["psycopg.AsyncConnection[Any]"] = None
+        self.listening = False
         self.opened = 0  # sessions opened so far (a test sees a rebuild as opened > 1)
 
     async def session(self) -> "psycopg.AsyncConnection[Any]":
         if self.conn is None or self.conn.closed:
             await self.drop()
-            conn = await self.connection.open_listen_session(self.client_name or None)
-            try:
-                await sql.execute(conn, sql.command("listen_jobs"))
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    await self.connection.close_listen_session(conn)
-                raise
-            self.conn = conn
+            self.conn = await self.connection.open_listen_session(self.client_name or None)
             self.opened += 1
         return self.conn
 
-    async def probe(self) -> tuple[bool, Optional[int]]:
-        """(a claimable job waits, the next delayed job's due time ms or None), on the LISTEN session:
-        a NOTIFY arriving meanwhile is kept by psycopg for the next `notifies`."""
+    async def listen(self) -> "psycopg.AsyncConnection[Any]":
         conn = await self.session()
+        if not self.listening:
+            await sql.execute(conn, sql.command("listen_jobs"))
+            self.listening = True
+        return conn
+
+    async def unlisten(self) -> None:
+        conn = self.conn
+        if conn is None or conn.closed or not self.listening:
+            return
+        try:
+            await sql.execute(conn, f"UNLISTEN {JOBS_CHANNEL}")
+            self.listening = False
+        except Exception:  # a lost session: the next wait rebuilds it
+            await self.drop()
+
+    async def probe(self) -> tuple[bool, Optional[int]]:
+        """(a claimable job waits, the next delayed job's due time ms or None), asked on the session
+        once it LISTENs: a NOTIFY arriving meanwhile is kept by psycopg for the next `notifies`."""
+        conn = await self.listen()
         present = (await sql.execute(conn, sql.command("has_waiting_job"), [self.queue])).rows[0]["present"]
         due = (await sql.execute(conn, sql.command("next_delay"), [self.queue])).rows[0]["next_delay"]
         return bool(present), None if due is None else int(due)
 
     async def next_notify(self, timeout: float) -> bool:
         """True at the first NOTIFY on ``bullmq_jobs`` for our queue; False when ``timeout`` passes."""
-        conn = await self.session()
+        conn = await self.listen()
         async for notify in conn.notifies(timeout=max(timeout, 0.0)):
             if notify.channel == JOBS_CHANNEL and notify.payload == self.queue:
                 return True
@@ -157,6 +175,7 @@ class JobsListener:
 
     async def drop(self) -> None:
         conn, self.conn = self.conn, None
+        self.listening = False
         if conn is not None:
             with contextlib.suppress(Exception):
                 await self.connection.close_listen_session(conn)
@@ -339,6 +358,18 @@ class PostgresWorkerChannel(WorkerChannel):
         deadline = loop.time() + max(float(timeout), 0.0)
         if self._wake_changed is None:
             self._wake_changed = asyncio.Event()
+        try:
+            return await self._wait(deadline)
+        except asyncio.CancelledError:
+            await self.listener.drop()  # a wait cut off mid-command: its session is in an unknown state
+            raise
+        finally:
+            if not self._closed:
+                await self.listener.unlisten()
+
+    async def _wait(self, deadline: float) -> Optional[tuple[str, float]]:
+        assert self._wake_changed is not None
+        loop = asyncio.get_running_loop()
         present, next_delay = await self._probe()
         if present and not self._suspect_probe:
             self._probe_woke = True
@@ -401,6 +432,10 @@ class PostgresWorkerChannel(WorkerChannel):
         # the session was lost mid-wait (pg_terminate_backend, a restart): rebuild it now and look
         present, _ = await self._probe()
         return present
+
+    async def announce(self) -> None:
+        """Open the named session now, so the worker is listed (Node's getWorkers) before it waits."""
+        await self.listener.session()
 
     async def wake_at(self, due_ms: int) -> None:
         if self._wake_due is None or due_ms < self._wake_due:
