@@ -323,6 +323,21 @@ async def test_a_wait_ends_when_a_delayed_job_comes_due(backend: PostgresBackend
     assert claimed == job_id
 
 
+async def test_a_wait_polls_instead_of_spinning_when_waiting_jobs_cannot_be_claimed(
+        backend: PostgresBackend, channel: PostgresWorkerChannel) -> None:
+    await backend.set_meta({"concurrency": 1})  # the queue's global concurrency: one active job
+    first, second = await add(backend, new(), new())
+    assert (await channel.move_to_active("tok", now()))[1] == first
+    assert (await channel.move_to_active("tok", now()))[1] is None  # maxed
+    assert await channel.wait_for_job(30) == ("q", 0.0)  # the probe sees a waiting job: look once
+    assert (await channel.move_to_active("tok", now()))[1] is None  # still maxed
+    started = time.monotonic()
+    assert await channel.wait_for_job(30) is None  # the probe alone no longer wakes at once
+    assert 0.5 < time.monotonic() - started < 15
+    await channel.move_to_finished(first, {}, "completed", "1", "tok", now(), False)
+    assert (await channel.move_to_active("tok", now()))[1] == second
+
+
 async def test_wake_at_ends_a_blocked_wait_by_that_time(channel: PostgresWorkerChannel) -> None:
     assert await channel.wait_for_job(0.1) is None
     started = time.monotonic()

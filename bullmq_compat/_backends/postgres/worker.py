@@ -8,11 +8,12 @@ attempts remain); ``move_to_failed_fetch`` fails for good. The parent policies (
 ignore / remove dependency on failure) are read by upstream's functions from the child's stored
 ``opts``: Node passes none of them, nor do we.
 
-Connections: the channel keeps ``lanes`` -- up to ``pool_size`` sessions of its own, opened as
-they are needed and each used by one call at a time, with psycopg's prepared statements -- and
-one LISTEN session named ``client_name`` (``<queue>`` or ``<queue>:w:<worker>``, what Node's
-getWorkers looks for). A borrowed-and-returned pool connection per call costs more client CPU than
-the call itself (see scripts/bench_postgres.py), hence the lanes.
+Connections: the channel keeps `Lanes` (lanes.py) -- up to ``pool_size`` sessions of its own
+(``settings.extra["pool_size"]``, else ``["concurrency"]``, else 10), opened as they are needed,
+each running one prepared statement at a time through libpq -- and one session named
+``client_name`` (``<queue>`` or ``<queue>:w:<worker>``, what Node's getWorkers looks for) to wait
+on. A psycopg_pool checkout per call cost more client CPU than the call itself (measured with
+scripts/bench_postgres.py), hence the lanes.
 
 Waiting (`wait_for_job`): ``LISTEN bullmq_jobs`` (one channel for the database, payload = the queue
 name), then probe ``has_waiting_job`` and ``next_delay`` on that session -- on every wait, as Node,
@@ -218,7 +219,10 @@ class PostgresWorkerChannel(WorkerChannel):
             mapped = sql.domain_error(err, job_id=job_id, command=op or name, state=state)
             if mapped is not None:
                 raise mapped from None
-            raise transient(err) from err
+            wrapped = transient(err)
+            if wrapped is err:
+                raise
+            raise wrapped from err
         except OSError as err:
             raise transient(err) from err
 
