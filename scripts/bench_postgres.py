@@ -6,6 +6,8 @@ Each measurement gets a fresh schema (migrated, dropped after) and ``--jobs`` no
 ``add_jobs`` (1,000 per call, untimed). Ours: ``concurrency`` slots, each claiming with
 ``move_to_active`` and then finishing with ``move_to_finished(fetch_next=True)`` through one
 `PostgresWorkerChannel` until nothing is left -- the worker's steady state, one SQL call per job.
+``--async-commit`` adds ours with the opt-in ``synchronous_commit=off`` of the worker's sessions
+(Redis-like durability; not comparable with Node, whose commits wait for the disk).
 Node: ``interop/bench_pg.js`` (a Worker with an empty processor, timed from run() to the last
 'completed'). Rounds alternate ours / Node so both see the same machine load; the median of the
 rounds is reported, with client CPU per job (this process, or the Node process).
@@ -25,7 +27,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -62,7 +64,7 @@ def drop_schema(schema: str) -> None:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
-async def ours(jobs: int, concurrency: int) -> dict[str, float]:
+async def ours(jobs: int, concurrency: int, synchronous_commit: Optional[str] = None) -> dict[str, float]:
     schema = f"bench_{uuid.uuid4().hex[:10]}"
     await migrate_postgres(URL, schema)
     backend = backend_class()(PostgresConnection(URL, schema=schema), QUEUE)
@@ -73,7 +75,8 @@ async def ours(jobs: int, concurrency: int) -> dict[str, float]:
             batch = [NewJob("bench", {"i": i}, {"attempts": 0}, stamp) for i in range(start, min(jobs, start + 1000))]
             await backend.add_jobs(batch)
         channel = await backend.open_worker_channel(
-            WorkerSettings(name="bench", extra={"concurrency": concurrency}), backend.client_name(":w:bench"))
+            WorkerSettings(name="bench", extra={"concurrency": concurrency, "synchronous_commit": synchronous_commit}),
+            backend.client_name(":w:bench"))
         done = 0
 
         async def slot(index: int) -> None:
@@ -119,11 +122,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 10])
     parser.add_argument("--no-node", action="store_true", help="measure ours only")
+    parser.add_argument("--async-commit", action="store_true",
+                        help="also measure ours with the opt-in synchronous_commit=off (not Node's durability)")
     args = parser.parse_args()
     for concurrency in args.concurrency:
-        runs: dict[str, list[dict[str, float]]] = {"bullmq-compat": [], "node": []}
+        runs: dict[str, list[dict[str, float]]] = {"bullmq-compat": [], "node": [], "ours, async": []}
         for _ in range(args.rounds):
             runs["bullmq-compat"].append(asyncio.run(ours(args.jobs, concurrency)))
+            if args.async_commit:
+                runs["ours, async"].append(asyncio.run(ours(args.jobs, concurrency, "off")))
             if not args.no_node:
                 runs["node"].append(node(args.jobs, concurrency))
         for who, results in runs.items():

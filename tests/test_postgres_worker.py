@@ -398,6 +398,27 @@ async def test_lost_query_sessions_are_replaced_and_errors_meanwhile_are_transie
     assert len(errors) <= 1
 
 
+async def test_the_worker_sessions_can_opt_out_of_waiting_for_the_disk(backend: PostgresBackend) -> None:
+    from bullmq_compat._backends.postgres.lanes import Lanes
+    from bullmq_compat._backends.postgres.sql import execute
+    from bullmq_compat._errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument):
+        await open_channel(backend, extra={"synchronous_commit": "sometimes"})
+    for wanted, seen in ((None, "on"), ("off", "off")):
+        lanes = Lanes(backend.connection, 1, synchronous_commit=wanted)
+        lane = await lanes._open_lane()
+        lane.detach()  # hand the session back to psycopg to look at it
+        assert (await execute(lane.conn, "SHOW synchronous_commit")).rows[0]["synchronous_commit"] == seen
+        await backend.connection.close_listen_session(lane.conn)
+    ch = await open_channel(backend, extra={"synchronous_commit": "off"})
+    try:
+        await add(backend, new(), new())
+        assert len(await drain_ids(ch)) == 2
+    finally:
+        await ch.close()
+
+
 async def names(backend: PostgresBackend, name: str) -> list[str]:
     rows = (await backend.connection.execute(
         "SELECT application_name FROM pg_stat_activity WHERE application_name = $1", [name])).rows

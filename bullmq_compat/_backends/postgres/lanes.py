@@ -155,9 +155,11 @@ class Lanes:
     open ones are busy; a call waits its turn (FIFO) when ``size`` are busy.
     """
 
-    def __init__(self, connection: "PostgresConnection", size: int) -> None:
+    def __init__(self, connection: "PostgresConnection", size: int, *,
+                 synchronous_commit: Optional[str] = None) -> None:
         self.connection = connection
         self.size = max(1, size)
+        self.synchronous_commit = synchronous_commit
         self._idle: collections.deque[Lane] = collections.deque()
         self._open = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
@@ -179,7 +181,7 @@ class Lanes:
             if self._open < self.size:
                 self._open += 1
                 try:
-                    return Lane(await self.connection.open_listen_session(None))
+                    return await self._open_lane()
                 except BaseException:
                     self._open -= 1
                     self._wake()
@@ -192,6 +194,18 @@ class Lanes:
                 if waiter.done() and not waiter.cancelled():
                     self._wake()  # pass the turn on
                 raise
+
+    async def _open_lane(self) -> Lane:
+        conn = await self.connection.open_listen_session(None)
+        if self.synchronous_commit is not None:  # once per session, not per call
+            try:
+                await sql.execute(conn, "SELECT set_config('synchronous_commit', $1, false)",
+                                  [self.synchronous_commit])
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await self.connection.close_listen_session(conn)
+                raise
+        return Lane(conn)
 
     def _wake(self) -> None:
         while self._waiters:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 from bullmq_compat._backends.base import JobFields, NextJob, WorkerChannel, WorkerSettings
 from bullmq_compat._backends.postgres import rows, sql
 from bullmq_compat._backends.postgres.lanes import Lanes, TextRow
-from bullmq_compat._errors import InvalidJobData, NotSupportedOnBackend, PostgresUnavailable, script_error
+from bullmq_compat._errors import InvalidArgument, InvalidJobData, NotSupportedOnBackend, PostgresUnavailable, script_error
 
 if TYPE_CHECKING:
     import psycopg
@@ -98,6 +98,24 @@ def job_fields(row: TextRow) -> JobFields:
         if text is not None:
             typed[column] = json.loads(text)
     return rows.job_fields(typed)
+
+
+#: what ``settings.extra["synchronous_commit"]`` may be (PostgreSQL's values; None: the server's)
+SYNCHRONOUS_COMMIT = ("on", "off", "local", "remote_write", "remote_apply")
+
+
+def synchronous_commit(extra: Mapping[str, Any]) -> Optional[str]:
+    """The opt-in ``synchronous_commit`` of the worker's query sessions. "off" trades durability for
+    throughput, as Redis's default persistence does: a server crash may forget the last few hundred
+    ms of finishes and claims (never an add: producers are not affected), and those jobs then run
+    again after the stalled check -- BullMQ's at-least-once. Node has no such option: by default
+    (None) the server's setting applies, as for Node."""
+    value = extra.get("synchronous_commit")
+    if value is None:
+        return None
+    if value not in SYNCHRONOUS_COMMIT:
+        raise InvalidArgument(f"synchronous_commit={value!r} must be one of {', '.join(SYNCHRONOUS_COMMIT)}")
+    return str(value)
 
 
 def transient(err: BaseException) -> BaseException:
@@ -198,7 +216,7 @@ class PostgresWorkerChannel(WorkerChannel):
         self.client_name = client_name
         extra = settings.extra or {}
         size = extra.get("pool_size") or extra.get("concurrency") or DEFAULT_POOL_SIZE
-        self.lanes = Lanes(backend.connection, int(size))
+        self.lanes = Lanes(backend.connection, int(size), synchronous_commit=synchronous_commit(extra))
         self.listener = JobsListener(backend.connection, self.queue, client_name)
         limiter = settings.limiter or {}
         self._limiter_max: Optional[int] = limiter.get("max")
