@@ -411,8 +411,10 @@ class PostgresWorkerChannel(WorkerChannel):
                 self._probe_woke = False
                 return self.queue, 0.0
         due = min((d for d in (next_delay, self._wake_due) if d is not None), default=None)
-        if due is not None and due <= now_ms() + 1:
-            if self._wake_due is not None and self._wake_due <= now_ms() + 1:
+        if due is not None and due <= now_ms() + 5:
+            while now_ms() < due and not self._closed:  # timers may fire a little early: the job is due *now*
+                await asyncio.sleep(0.001)
+            if self._wake_due is not None and self._wake_due <= now_ms():
                 self._wake_due = None
             return self.queue, float(due)
         return None
