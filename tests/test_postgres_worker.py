@@ -565,3 +565,45 @@ async def test_node_processes_jobs_we_added_and_we_process_jobs_node_added(
     assert seen_failed["failedReason"] == "gave up" and seen_failed["stacktrace"] == ["at python"]
     counts = await node("getJobCounts", **pg, queue=backend.name)
     assert counts["completed"] == 3 and counts["failed"] == 2
+
+
+# -- the Worker loop on the channel (until Worker is wired to PostgreSQL, through monkeypatch) -------
+async def test_the_worker_loop_processes_retries_and_waits_through_the_channel(
+        backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    import bullmq_compat._queue as queue_module
+    from bullmq_compat._worker import Worker
+
+    monkeypatch.setattr(queue_module, "open_backend", lambda name, connection, **_: concrete(PostgresBackend)(
+        backend.connection, name, owns_connection=False))
+    ids = await add(backend, *(new(data={"i": i}) for i in range(10)), new(job_id="flaky", data={"flaky": 1},
+                                                                          attempts=2),
+                    new(job_id="broken", data={"broken": 1}))
+    finished: dict[str, str] = {}
+
+    async def process(job: Any) -> Any:
+        if job.data.get("broken"):
+            raise RuntimeError("always")
+        if job.data.get("flaky") and job.attempts_made == 0:
+            raise RuntimeError("once")
+        return job.data
+
+    worker = Worker("q", process, connection="postgresql://unused", concurrency=4, drain_delay=1, name="loop")
+    worker.on("completed", lambda job, *_: finished.__setitem__(str(job.id), "completed"))
+    worker.on("failed", lambda job, *_: finished.__setitem__(str(job.id), "failed"))
+    running = asyncio.ensure_future(worker.run(handle_signals=False))
+    try:
+        await eventually(lambda: _true(len([i for i in ids if finished.get(i)]) == len(ids)
+                                       and finished["flaky"] == "completed"))
+        assert [await backend.get_state(i) for i in ids] == ["completed"] * 11 + ["failed"]
+        flaky = await backend.get_job("flaky")
+        assert flaky is not None and flaky["atm"] == "2" and json.loads(flaky["returnvalue"]) == {"flaky": 1}
+        assert await names(backend, "q:w:loop") == ["q:w:loop"]
+        [late] = await add(backend, new(data={"late": 1}))  # the worker is idle now: LISTEN wakes it
+        await eventually(lambda: _true(finished.get(late) == "completed"), timeout=10)
+    finally:
+        await worker.close()
+        await running
+
+
+async def _true(value: bool) -> bool:
+    return value
