@@ -213,6 +213,43 @@ async def test_finishing_with_a_wrong_token_is_refused_and_changes_nothing(
     assert await backend.get_state(job_id) == "active"
 
 
+async def test_finishes_queued_behind_a_busy_session_share_one_commit(backend: PostgresBackend) -> None:
+    ch = await open_channel(backend, extra={"pool_size": 1})
+    try:
+        ids = await add(backend, *(new() for _ in range(3)))
+        for i, job_id in enumerate(ids):
+            assert (await ch.move_to_active(f"t{i}", now()))[1] == job_id
+        replies = await asyncio.gather(*(ch.move_to_finished(job_id, {}, "completed", json.dumps(i), f"t{i}", now(),
+                                                             True) for i, job_id in enumerate(ids)))
+        assert ch.lanes.batches == 1  # the first took the session; the two behind it went together
+        assert all(r is not None and r[1] is None for r in replies)
+        for i, job_id in enumerate(ids):
+            stored = await backend.get_job(job_id)
+            assert stored is not None and stored["returnvalue"] == json.dumps(i)
+    finally:
+        await ch.close()
+
+
+async def test_a_refused_call_in_a_batch_leaves_the_others_done_and_gets_its_own_error(
+        backend: PostgresBackend) -> None:
+    ch = await open_channel(backend, extra={"pool_size": 1})
+    try:
+        first, good, bad = await add(backend, new(), new(), new())
+        for token in ("t0", "t1", "t2"):
+            await ch.move_to_active(token, now())
+        outcomes = await asyncio.gather(
+            ch.move_to_finished(first, {}, "completed", "0", "t0", now(), False),
+            ch.move_to_finished(good, {}, "completed", "1", "t1", now(), False),
+            ch.move_to_finished(bad, {}, "completed", "2", "not-its-token", now(), False),
+            return_exceptions=True)
+        assert outcomes[0] is None and outcomes[1] is None and isinstance(outcomes[2], JobLockMismatch)
+        assert ch.lanes.batches == 0  # the batch failed: nothing of it was committed ...
+        assert [await backend.get_state(i) for i in (first, good, bad)] == ["completed", "completed", "active"]
+        assert await column(backend, "return_value", good) == 1  # ... and the good one was run again alone
+    finally:
+        await ch.close()
+
+
 async def test_metrics_are_collected_when_the_worker_asks(backend: PostgresBackend) -> None:
     ch = await open_channel(backend, max_metrics_size=10)
     try:

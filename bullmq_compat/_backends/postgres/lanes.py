@@ -60,6 +60,7 @@ class Lane:
         self._results: list["pq.abc.PGresult"] = []
         self._prepared: set[str] = set()
         self._names: dict[str, list[str]] = {}
+        self._pipeline = False
         self._loop.add_reader(self._fd, self._readable)
 
     def _readable(self) -> None:
@@ -75,13 +76,21 @@ class Lane:
         while reply is not None and not self.pg.is_busy():
             result = self.pg.get_result()
             if result is None:
-                self._reply, results, self._results = None, self._results, []
-                if not reply.done():
-                    reply.set_result(results)
+                if self._pipeline:
+                    continue  # the end of one statement's results: a batch ends at its sync
+                self._finish(reply)
                 return
             self._results.append(result)
+            if self._pipeline and result.status == pq.ExecStatus.PIPELINE_SYNC:
+                self._finish(reply)
+                return
         if reply is None and self.pg.status != pq.ConnStatus.OK:  # lost while idle (terminated, restart)
             self._lose(psycopg.OperationalError("the PostgreSQL session was closed by the server"))
+
+    def _finish(self, reply: "asyncio.Future[list[pq.abc.PGresult]]") -> None:
+        self._reply, results, self._results = None, self._results, []
+        if not reply.done():
+            reply.set_result(results)
 
     def _lose(self, err: BaseException) -> None:
         if not self.broken:
@@ -91,16 +100,16 @@ class Lane:
         if reply is not None and not reply.done():
             reply.set_exception(err)
 
-    async def _roundtrip(self, send: Any, *args: Any) -> "pq.abc.PGresult":
+    async def _exchange(self, send: Any) -> list["pq.abc.PGresult"]:
+        """Call ``send()`` (which queues one statement, or a pipelined batch) and await its results."""
         import psycopg
-        from psycopg import errors, pq
 
         if self.broken:
             raise psycopg.OperationalError("the PostgreSQL session was lost")
         reply: asyncio.Future[list["pq.abc.PGresult"]] = self._loop.create_future()
         self._reply = reply
         try:
-            send(*args)
+            send()
             while self.pg.flush() == 1:  # the socket buffer is full: wait until it takes more
                 writable: asyncio.Future[None] = self._loop.create_future()
                 self._loop.add_writer(self._fd, writable.set_result, None)
@@ -111,7 +120,13 @@ class Lane:
         except psycopg.Error as err:
             self._lose(err)
             raise
-        results = await reply
+        return await reply
+
+    async def _roundtrip(self, send: Any, *args: Any) -> "pq.abc.PGresult":
+        import psycopg
+        from psycopg import errors, pq
+
+        results = await self._exchange(lambda: send(*args))
         for result in results:
             if result.status == pq.ExecStatus.FATAL_ERROR:
                 raise errors.error_from_result(result, encoding="utf-8")
@@ -119,27 +134,64 @@ class Lane:
             raise psycopg.OperationalError("PostgreSQL sent no result")
         return results[-1]
 
-    async def run(self, name: str, params: Sequence[Any]) -> list[TextRow]:
-        from psycopg import pq
-
+    async def _prepare(self, name: str) -> bytes:
         key = name.encode()
         if name not in self._prepared:
             await self._roundtrip(self.pg.send_prepare, key, sql.command(name).encode())
             self._prepared.add(name)
-        result = await self._roundtrip(self.pg.send_query_prepared, key, [encode_param(p) for p in params])
+        return key
+
+    def _rows(self, name: str, result: "pq.abc.PGresult") -> list[TextRow]:
+        from psycopg import pq
+
         if result.status != pq.ExecStatus.TUPLES_OK:
             return []
         names = self._names.get(name)
         if names is None or len(names) != result.nfields:
             names = self._names[name] = [(result.fname(i) or b"").decode() for i in range(result.nfields)]
         found: list[TextRow] = []
+        get = result.get_value
         for row in range(result.ntuples):
-            values: TextRow = {}
-            for col, column in enumerate(names):
-                value = result.get_value(row, col)
-                values[column] = None if value is None else value.decode()
-            found.append(values)
+            values = [get(row, col) for col in range(len(names))]
+            found.append(dict(zip(names, [None if v is None else v.decode() for v in values])))
         return found
+
+    async def run_batch(self, calls: Sequence[tuple[str, Sequence[Any]]]) -> Optional[list[list[TextRow]]]:
+        """The ``calls`` in ONE transaction -- BEGIN, each statement, COMMIT, pipelined: one round trip,
+        one commit -- and the rows of each; None when any of them failed: then nothing of the batch
+        was committed, and the caller runs each on its own to learn which."""
+        from psycopg import pq
+
+        keys = [await self._prepare(name) for name, _ in calls]
+        pg = self.pg
+
+        def send() -> None:
+            pg.enter_pipeline_mode()
+            self._pipeline = True
+            pg.send_query_params(b"BEGIN", None)
+            for key, (_, params) in zip(keys, calls):
+                pg.send_query_prepared(key, [encode_param(p) for p in params])
+            pg.send_query_params(b"COMMIT", None)
+            pg.pipeline_sync()
+
+        try:
+            results = await self._exchange(send)
+        finally:
+            self._pipeline = False
+            if not self.broken and pg.pipeline_status != pq.PipelineStatus.OFF:
+                pg.exit_pipeline_mode()
+        if pg.transaction_status != pq.TransactionStatus.IDLE:  # failed inside BEGIN: end it
+            await self._roundtrip(pg.send_query_params, b"ROLLBACK", None)
+        # BEGIN, one result per call, COMMIT, the sync
+        if len(results) != len(calls) + 3 or any(
+                r.status in (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.PIPELINE_ABORTED) for r in results):
+            return None
+        return [self._rows(name, result) for (name, _), result in zip(calls, results[1:-2])]
+
+    async def run(self, name: str, params: Sequence[Any]) -> list[TextRow]:
+        key = await self._prepare(name)
+        result = await self._roundtrip(self.pg.send_query_prepared, key, [encode_param(p) for p in params])
+        return self._rows(name, result)
 
     def detach(self) -> None:
         if not self.broken:
@@ -147,53 +199,61 @@ class Lane:
             self._loop.remove_reader(self._fd)
 
 
+class _Call:
+    __slots__ = ("name", "params", "batchable", "reply")
+
+    def __init__(self, name: str, params: Sequence[Any], batchable: bool,
+                 reply: "asyncio.Future[list[TextRow]]") -> None:
+        self.name = name
+        self.params = params
+        self.batchable = batchable
+        self.reply = reply
+
+
 class Lanes:
-    """Up to ``size`` `Lane` sessions of a `PostgresConnection`, one statement at a time each.
+    """Up to ``size`` `Lane` sessions of a `PostgresConnection`; calls queue when all are busy.
 
     Sessions come from ``open_listen_session`` (our own connections when we own the pool, with
     search_path and keepalive; borrowed from a user's pool otherwise) and are opened only when all
-    open ones are busy; a call waits its turn (FIFO) when ``size`` are busy.
+    open ones are busy. A call runs at once on an idle lane; when every lane is busy it queues, and a
+    lane that frees up takes the head of the queue -- and, when the head is batchable (a claim or a
+    finish: one job's atomic step, independent of the others'), the batchable calls behind it too,
+    up to ``max_batch``, in one transaction (`Lane.run_batch`): one commit for them all.
+    PostgreSQL processing is commit-bound, so that is where several slots gain. A batch that fails
+    (a refused finish, a deadlock) commits nothing, and its calls are run again one by one.
     """
 
     def __init__(self, connection: "PostgresConnection", size: int, *,
-                 synchronous_commit: Optional[str] = None) -> None:
+                 synchronous_commit: Optional[str] = None, max_batch: int = 8) -> None:
         self.connection = connection
         self.size = max(1, size)
         self.synchronous_commit = synchronous_commit
+        self.max_batch = max(1, max_batch)
+        self.batches = 0  # batched transactions committed (for tests and benchmarks)
         self._idle: collections.deque[Lane] = collections.deque()
         self._open = 0
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._queue: collections.deque[_Call] = collections.deque()
         self._closed = False
 
     @property
     def open(self) -> int:
         return self._open
 
-    async def _take(self) -> Lane:
-        while True:
-            if self._closed:
-                raise PostgresUnavailable("the worker's PostgreSQL channel is closed")
-            while self._idle:
-                lane = self._idle.pop()  # the most recently used: its caches are warm
-                if not lane.broken:
-                    return lane
-                await self._discard(lane)
-            if self._open < self.size:
-                self._open += 1
-                try:
-                    return await self._open_lane()
-                except BaseException:
-                    self._open -= 1
-                    self._wake()
-                    raise
-            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._waiters.append(waiter)
+    async def _lane(self) -> Optional[Lane]:
+        """An idle lane, a newly opened one, or None when ``size`` are open and busy."""
+        while self._idle:
+            lane = self._idle.pop()  # the most recently used: its caches are warm
+            if not lane.broken:
+                return lane
+            await self._discard(lane)
+        if self._open < self.size:
+            self._open += 1
             try:
-                await waiter
+                return await self._open_lane()
             except BaseException:
-                if waiter.done() and not waiter.cancelled():
-                    self._wake()  # pass the turn on
+                self._open -= 1
                 raise
+        return None
 
     async def _open_lane(self) -> Lane:
         conn = await self.connection.open_listen_session(None)
@@ -207,41 +267,101 @@ class Lanes:
                 raise
         return Lane(conn)
 
-    def _wake(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-
     async def _discard(self, lane: Lane) -> None:
         self._open -= 1
         lane.detach()
         with contextlib.suppress(Exception):
             await self.connection.close_listen_session(lane.conn)
 
-    async def run(self, name: str, params: Sequence[Any]) -> list[TextRow]:
+    async def _release(self, lane: Lane) -> None:
+        if lane.broken or self._closed:
+            await self._discard(lane)
+        else:
+            self._idle.append(lane)
+        if self._queue and not self._closed:
+            await self._drain()
+
+    async def run(self, name: str, params: Sequence[Any], *, batchable: bool = False) -> list[TextRow]:
         """Rows of upstream's command ``name``, values as text (None for NULL); psycopg's errors
         as psycopg raises them (a BM001 refusal, an OperationalError for a lost session)."""
-        lane = await self._take()
+        if self._closed:
+            raise PostgresUnavailable("the worker's PostgreSQL channel is closed")
+        lane = None if self._queue else await self._lane()
+        if lane is None:  # every lane is busy: queue up; a freed lane takes us (maybe in a batch)
+            reply: asyncio.Future[list[TextRow]] = asyncio.get_running_loop().create_future()
+            self._queue.append(_Call(name, params, batchable, reply))
+            return await reply
+        try:
+            return await self._run_one(lane, name, params)
+        finally:
+            await self._release(lane)
+
+    @staticmethod
+    async def _run_one(lane: Lane, name: str, params: Sequence[Any]) -> list[TextRow]:
         try:
             return await lane.run(name, params)
         except BaseException:
             if lane.broken or lane._reply is not None:  # lost, or cancelled with a reply pending
                 lane.detach()
             raise
+
+    async def _drain(self) -> None:
+        """Hand queued calls to free lanes until the queue is empty or every lane is busy."""
+        while self._queue and not self._closed:
+            try:
+                lane = await self._lane()
+            except Exception as err:
+                call = self._queue.popleft()
+                if not call.reply.done():
+                    call.reply.set_exception(err)
+                continue
+            if lane is None:
+                return
+            calls = [self._queue.popleft()]
+            if calls[0].batchable:
+                while self._queue and self._queue[0].batchable and len(calls) < self.max_batch:
+                    calls.append(self._queue.popleft())
+            asyncio.ensure_future(self._serve(lane, calls))
+
+    async def _serve(self, lane: Lane, calls: list[_Call]) -> None:
+        try:
+            if len(calls) > 1:
+                try:
+                    answers = await lane.run_batch([(c.name, c.params) for c in calls])
+                except Exception as err:
+                    if not lane.broken:
+                        raise
+                    for call in calls:
+                        if not call.reply.done():
+                            call.reply.set_exception(err)
+                    return
+                if answers is not None:
+                    self.batches += 1
+                    for call, found in zip(calls, answers):
+                        if not call.reply.done():
+                            call.reply.set_result(found)
+                    return
+            for call in calls:  # alone, or one by one after a failed batch: each gets its own answer
+                if lane.broken:
+                    if not call.reply.done():
+                        call.reply.set_exception(PostgresUnavailable("the PostgreSQL session was lost"))
+                    continue
+                try:
+                    found = await self._run_one(lane, call.name, call.params)
+                except Exception as err:
+                    if not call.reply.done():
+                        call.reply.set_exception(err)
+                else:
+                    if not call.reply.done():
+                        call.reply.set_result(found)
         finally:
-            if lane.broken or self._closed:
-                await self._discard(lane)
-            else:
-                self._idle.append(lane)
-            self._wake()
+            await self._release(lane)
 
     async def close(self) -> None:
         self._closed = True
         while self._idle:
             await self._discard(self._idle.pop())
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
+        while self._queue:
+            call = self._queue.popleft()
+            if not call.reply.done():
+                call.reply.set_exception(PostgresUnavailable("the worker's PostgreSQL channel is closed"))

@@ -8,9 +8,10 @@ attempts remain); ``move_to_failed_fetch`` fails for good. The parent policies (
 ignore / remove dependency on failure) are read by upstream's functions from the child's stored
 ``opts``: Node passes none of them, nor do we.
 
-Connections: the channel keeps `Lanes` (lanes.py) -- up to ``pool_size`` sessions of its own
-(``settings.extra["pool_size"]``, else ``["concurrency"]``, else 10), opened as they are needed,
-each running one prepared statement at a time through libpq -- and one session named
+Connections: the channel keeps `Lanes` (lanes.py) -- up to `lane_count` sessions of its own
+(``settings.extra["pool_size"]``, else half ``["concurrency"]``), opened as they are needed, each
+running one prepared statement (or a batch of several slots' claims and finishes, one commit) at a
+time through libpq -- and one session named
 ``client_name`` (``<queue>`` or ``<queue>:w:<worker>``, what Node's getWorkers looks for) to wait
 on. A psycopg_pool checkout per call cost more client CPU than the call itself (measured with
 scripts/bench_postgres.py), hence the lanes.
@@ -44,13 +45,19 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("bullmq_compat.postgres")
 
-#: sessions a channel opens at most when ``settings.extra`` names no ``pool_size`` / ``concurrency``
-DEFAULT_POOL_SIZE = 10
+#: the concurrency assumed when ``settings.extra`` names none
+DEFAULT_CONCURRENCY = 10
+#: query sessions at most, whatever the concurrency (node-postgres' Pool default)
+MAX_LANES = 10
 #: the NOTIFY channel producers post to (upstream's ``listen_jobs``); the payload is the queue name
 JOBS_CHANNEL = "bullmq_jobs"
 #: how long a wait may sleep when the probe keeps saying "a job waits" but claims come back empty
 #: (the queue's global concurrency is reached, or its jobs are locked): poll, don't spin
 SUSPECT_PROBE_WAIT_S = 1.0
+
+#: the commands whose calls by several slots may share one transaction (each one job's atomic step)
+BATCHABLE = frozenset({"move_to_active", "move_to_completed_fetch", "move_to_failed_fetch", "move_to_completed",
+                       "move_to_failed"})
 
 _NO_JOB: NextJob = (None, None, 0, 0)
 
@@ -98,6 +105,17 @@ def job_fields(row: TextRow) -> JobFields:
         if text is not None:
             typed[column] = json.loads(text)
     return rows.job_fields(typed)
+
+
+def lane_count(extra: Mapping[str, Any]) -> int:
+    """The query sessions of a channel: ``extra["pool_size"]``, else half the concurrency (at least
+    1, at most `MAX_LANES`). Half, so that when every slot finishes at once the calls of two slots
+    share a lane and a commit (`Lanes`): measured faster than a session per slot (the commits,
+    not the sessions, are what PostgreSQL processing waits on)."""
+    if extra.get("pool_size"):
+        return max(1, int(extra["pool_size"]))
+    concurrency = int(extra.get("concurrency") or DEFAULT_CONCURRENCY)
+    return max(1, min(MAX_LANES, -(-concurrency // 2)))
 
 
 #: what ``settings.extra["synchronous_commit"]`` may be (PostgreSQL's values; None: the server's)
@@ -215,8 +233,7 @@ class PostgresWorkerChannel(WorkerChannel):
         self.settings = settings
         self.client_name = client_name
         extra = settings.extra or {}
-        size = extra.get("pool_size") or extra.get("concurrency") or DEFAULT_POOL_SIZE
-        self.lanes = Lanes(backend.connection, int(size), synchronous_commit=synchronous_commit(extra))
+        self.lanes = Lanes(backend.connection, lane_count(extra), synchronous_commit=synchronous_commit(extra))
         self.listener = JobsListener(backend.connection, self.queue, client_name)
         limiter = settings.limiter or {}
         self._limiter_max: Optional[int] = limiter.get("max")
@@ -232,7 +249,7 @@ class PostgresWorkerChannel(WorkerChannel):
     async def _run(self, name: str, params: Sequence[Any], *, job_id: Optional[str] = None,
                    op: str = "", state: str = "") -> list[TextRow]:
         try:
-            return await self.lanes.run(name, params)
+            return await self.lanes.run(name, params, batchable=name in BATCHABLE)
         except self._psycopg_error as err:
             mapped = sql.domain_error(err, job_id=job_id, command=op or name, state=state)
             if mapped is not None:
