@@ -6,11 +6,14 @@ a cursor, psycopg's wait generators (an ``add_reader`` / ``remove_reader`` per w
 keeps psycopg for connecting (search_path, keepalive, errors) and then talks to its ``pgconn``
 itself: one reader registered for the session's life, each of upstream's commands prepared once
 per session (``PQsendPrepare``) and then sent with ``PQsendQueryPrepared`` in text format, the
-reply read as text. Measured with scripts/bench_postgres.py: see docs of the worker channel.
+reply read as text (measured with scripts/bench_postgres.py).
 
-Each lane runs one statement at a time, in autocommit: every command is its own transaction, as
-with Node's ``pg`` pool. `Lanes` opens up to ``size`` of them, only when all open ones are busy.
-A lane whose session is lost is dropped; the call in flight raises psycopg's `OperationalError`
+Each lane runs one thing at a time, in autocommit: a statement (its own transaction, as with
+Node's ``pg`` pool), or -- when calls had to queue because every lane was busy -- a batch of
+several slots' claims and finishes, pipelined as BEGIN, the statements, COMMIT: one round trip
+and one commit for all (each call is still one job's whole atomic step; a batch that fails is run
+again call by call). `Lanes` opens up to ``size`` lanes, only when all open ones are busy. A lane
+whose session is lost is dropped; the call in flight raises psycopg's `OperationalError`
 (transient for the worker), and the next call opens a fresh session.
 """
 from __future__ import annotations
