@@ -521,12 +521,26 @@ class PostgresBackend(JobSchedulerCalls, QueueBackend):
         await self._run("remove_unprocessed_children", [self.name, self._id(job_id)])
 
     # -- workers and events: the worker channel and events reader are built apart ------------
+    def client_name(self, suffix: str = "") -> str:
+        """Node's clientName: ``<queue><suffix>`` (``<queue>:w:<worker>``, ``<queue>:qe``), the
+        ``application_name`` of a LISTEN session."""
+        return f"{self.name}{suffix}"
+
     async def open_worker_channel(self, settings: WorkerSettings, client_name: str, *,
                                   fast: bool = True) -> WorkerChannel:
-        raise NotImplementedError("the PostgreSQL worker channel is not part of this backend module yet")
+        from bullmq_compat._backends.postgres.worker import PostgresWorkerChannel
+
+        await self.connection.connect()
+        channel = PostgresWorkerChannel(self, settings, client_name)
+        if fast:  # a Worker's: named and listed at once, as Node's; a Queue's plain one only when it waits
+            await channel.announce()
+        return channel
 
     async def open_events_reader(self, client_name: str) -> EventsReader:
-        raise NotImplementedError("the PostgreSQL events reader is not part of this backend module yet")
+        from bullmq_compat._backends.postgres.events import PostgresEventsReader
+
+        await self.connection.connect()
+        return PostgresEventsReader(self, client_name)
 
 
 async def discover_queues(connection: Any, schema: str = migrator.DEFAULT_SCHEMA) -> list[str]:
