@@ -182,7 +182,7 @@ class Worker(LockKeepingMixin, QueueBase):
             name=name, lock_duration=self.lock_duration, limiter=self.limiter,
             remove_on_complete=self.remove_on_complete, remove_on_fail=self.remove_on_fail,
             max_metrics_size=max_points, max_stalled_count=self.max_stalled_count,
-            stalled_interval=self.stalled_interval)
+            stalled_interval=self.stalled_interval, extra={"concurrency": self.concurrency})
         self._channel: Optional[WorkerChannel] = None
         self._channel_lock = asyncio.Lock()
         self._token_seq = 0
