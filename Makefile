@@ -39,6 +39,7 @@ postgres:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
 
 test: setup
+	$(VPY) -m mypy bullmq_compat
 	$(VPY) -m pytest -q $(PYTEST_ARGS)
 
 # the reliability suite at full size: 20,000-job crash soak, Redis restarts and faults, leaks
