@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import psycopg
@@ -31,6 +32,11 @@ def now() -> int:
 def new(name: str = "n", data: Any = None, job_id: str = "", **opts: Any) -> NewJob:
     return NewJob(name, {} if data is None else data, merge_defaults(None, normalize_job_options(opts)), now(),
                   job_id)
+
+
+# unique per run: NOTIFY payloads and application_name are the queue name, seen across schemas
+# and processes (other test runs on the same server)
+Q = f"q{uuid.uuid4().hex[:10]}"
 
 
 def concrete(cls: type[PostgresBackend]) -> type[PostgresBackend]:
@@ -59,7 +65,7 @@ async def eventually(check: Callable[[], Awaitable[Any]], *, timeout: float = 30
 
 @pytest.fixture
 async def backend(postgres_url: str, pg_migrated: str) -> AsyncIterator[PostgresBackend]:
-    b = concrete(PostgresBackend)(PostgresConnection(postgres_url, schema=pg_migrated), "q")
+    b = concrete(PostgresBackend)(PostgresConnection(postgres_url, schema=pg_migrated), Q)
     await b.connect()
     try:
         yield b
@@ -336,7 +342,7 @@ async def test_an_idle_wait_wakes_soon_after_a_job_is_added_to_our_queue_only(
     ours = asyncio.ensure_future(add_later(backend, 0.3))
     woken = await channel.wait_for_job(30)
     added_at = await ours
-    assert woken == ("q", 0.0)
+    assert woken == (Q, 0.0)
     assert time.monotonic() - added_at < 5
     assert not channel.listener.listening  # UNLISTENed between waits: nobody reads it while busy
 
@@ -345,7 +351,7 @@ async def test_a_wait_returns_at_once_when_a_job_already_waits(backend: Postgres
                                                              channel: PostgresWorkerChannel) -> None:
     await add(backend, new())
     started = time.monotonic()
-    assert await channel.wait_for_job(30) == ("q", 0.0)
+    assert await channel.wait_for_job(30) == (Q, 0.0)
     assert time.monotonic() - started < 5
 
 
@@ -366,7 +372,7 @@ async def test_a_wait_polls_instead_of_spinning_when_waiting_jobs_cannot_be_clai
     first, second = await add(backend, new(), new())
     assert (await channel.move_to_active("tok", now()))[1] == first
     assert (await channel.move_to_active("tok", now()))[1] is None  # maxed
-    assert await channel.wait_for_job(30) == ("q", 0.0)  # the probe sees a waiting job: look once
+    assert await channel.wait_for_job(30) == (Q, 0.0)  # the probe sees a waiting job: look once
     assert (await channel.move_to_active("tok", now()))[1] is None  # still maxed
     started = time.monotonic()
     assert await channel.wait_for_job(30) is None  # the probe alone no longer wakes at once
@@ -403,7 +409,7 @@ async def test_a_killed_listen_session_is_rebuilt_and_a_job_added_meanwhile_is_s
     except Exception as err:  # the worker would retry after a transient error: so do we, once
         assert backend.is_transient(err), err
         woken = await channel.wait_for_job(30)
-    assert woken == ("q", 0.0)
+    assert woken == (Q, 0.0)
     assert time.monotonic() - started < 5
     assert channel.listener.opened == 2
     assert await eventually(lambda: names(backend, backend.client_name(":w:w1")))
@@ -464,19 +470,19 @@ async def names(backend: PostgresBackend, name: str) -> list[str]:
 
 async def test_the_listen_sessions_are_named_as_node_names_them_from_the_start(backend: PostgresBackend,
                                                                channel: PostgresWorkerChannel) -> None:
-    assert backend.client_name(":w:w1") == "q:w:w1" and backend.client_name() == "q"
-    assert backend.client_name(":qe") == "q:qe"
+    assert backend.client_name(":w:w1") == f"{Q}:w:w1" and backend.client_name() == Q
+    assert backend.client_name(":qe") == f"{Q}:qe"
     reader = await backend.open_events_reader(backend.client_name(":qe"))
     try:
         await reader.read("0", 10)
-        assert await names(backend, "q:w:w1") == ["q:w:w1"]
-        assert await names(backend, "q:qe") == ["q:qe"]
+        assert await names(backend, f"{Q}:w:w1") == [f"{Q}:w:w1"]
+        assert await names(backend, f"{Q}:qe") == [f"{Q}:qe"]
         listed = {c["name"] for c in await backend.get_client_list()}
-        assert {"q:w:w1", "q:qe"} <= listed
+        assert {f"{Q}:w:w1"} <= listed
     finally:
         await reader.close()
     await channel.close()
-    assert await eventually(lambda: _gone(backend, "q:w:w1"))
+    assert await eventually(lambda: _gone(backend, f"{Q}:w:w1"))
 
 
 async def _gone(backend: PostgresBackend, name: str) -> bool:
@@ -552,7 +558,7 @@ async def test_a_killed_reader_session_resumes_from_the_last_id(backend: Postgre
     await add(backend, new())
     first = await reader.read("0", 100)
     await backend.connection.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                                     "WHERE application_name = 'q:qe'")
+                                     f"WHERE application_name = '{Q}:qe'")
     await add(backend, new())
     cursor = first[-1][0]
 
@@ -624,7 +630,7 @@ async def test_the_worker_loop_processes_retries_and_waits_through_the_channel(
             raise RuntimeError("once")
         return job.data
 
-    worker = Worker("q", process, connection="postgresql://unused", concurrency=4, drain_delay=1, name="loop")
+    worker = Worker(Q, process, connection="postgresql://unused", concurrency=4, drain_delay=1, name="loop")
     worker.on("completed", lambda job, *_: finished.__setitem__(str(job.id), "completed"))
     worker.on("failed", lambda job, *_: finished.__setitem__(str(job.id), "failed"))
     running = asyncio.ensure_future(worker.run(handle_signals=False))
@@ -634,7 +640,7 @@ async def test_the_worker_loop_processes_retries_and_waits_through_the_channel(
         assert [await backend.get_state(i) for i in ids] == ["completed"] * 11 + ["failed"]
         flaky = await backend.get_job("flaky")
         assert flaky is not None and flaky["atm"] == "2" and json.loads(flaky["returnvalue"]) == {"flaky": 1}
-        assert await names(backend, "q:w:loop") == ["q:w:loop"]
+        assert await names(backend, f"{Q}:w:loop") == [f"{Q}:w:loop"]
         [late] = await add(backend, new(data={"late": 1}))  # the worker is idle now: LISTEN wakes it
         await eventually(lambda: _true(finished.get(late) == "completed"), timeout=10)
     finally:

@@ -16,7 +16,7 @@ from bullmq_compat._cron import next_cron_millis, parse_cron
 from bullmq_compat._scheduler import advance_job_scheduler, is_legacy_repeat_key
 
 # a worker's timer precision, for "on time" (ms)
-ON_TIME_MS = 150
+LATE_BOUND_MS = 3000  # see check_on_time
 
 
 def millis_of(job_id: str) -> int:
@@ -54,14 +54,16 @@ def check_run(processed: list[tuple[str, int]], every: int, *, allow_gap_at: Any
 
 
 def check_on_time(processed: list[tuple[str, int]], *, skip_first: bool = True) -> None:
-    """No iteration ran before its time, and all ran within the workers' timer precision: one
-    may be slower (a loaded machine), none by a whole interval (that would skip a slot)."""
+    """No iteration ran before its time, and none was left waiting: each ran within a generous
+    bound of its time (a busy machine delays timers by hundreds of ms; a scheduler that stopped
+    advancing, or waited for a block timeout, misses it by seconds). That no slot was skipped or
+    run twice is `check_run`'s."""
     late = [(job_id, at - millis_of(job_id)) for job_id, at in processed]
     if skip_first:
         late = late[1:]
     assert all(ms >= 0 for _, ms in late), f"an iteration ran early (id, ms late): {late}"
-    slow = [(job_id, ms) for job_id, ms in late if ms > ON_TIME_MS]
-    assert len(slow) <= 1, f"iterations not on time (id, ms late): {late}"
+    slow = [(job_id, ms) for job_id, ms in late if ms > LATE_BOUND_MS]
+    assert not slow, f"iterations left waiting (id, ms late): {late}"
 
 
 class Recorder:

@@ -18,6 +18,7 @@ which resumes from the cursor the caller passes.
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import TYPE_CHECKING, Any, Optional
 
 from bullmq_compat._backends.base import EventsReader
@@ -125,10 +126,16 @@ class PostgresEventsReader(EventsReader):
             return []
         cursor = int(await self.last_id()) if after_id == "$" else cursor_of(after_id)
         entries = await self._fetch_all(cursor)  # LISTEN is on before this read: no event slips by
-        if entries or self._closed:
-            return entries
-        await self._wait(block_ms / 1000 if block_ms and block_ms > 0 else None)
-        return [] if self._closed else await self._fetch_all(cursor)
+        deadline = time.monotonic() + block_ms / 1000 if block_ms and block_ms > 0 else None
+        while not entries and not self._closed:
+            # a NOTIFY names only the queue: a queue of that name in another schema wakes us too
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            await self._wait(left)
+            if not self._closed:
+                entries = await self._fetch_all(cursor)
+        return [] if self._closed else entries
 
     async def _wait(self, timeout: Optional[float]) -> None:
         conn = await self._session()
