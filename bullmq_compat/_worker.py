@@ -37,7 +37,7 @@ from bullmq_compat._job import Job
 from bullmq_compat._cancellation import AbortController, AbortSignal
 from bullmq_compat._lock_manager import LockManager
 from bullmq_compat import _telemetry as telemetry_attrs
-from bullmq_compat._telemetry import resolve as resolve_telemetry
+from bullmq_compat._telemetry import resolve_both as resolve_telemetry
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from bullmq_compat._queue import Connection, QueueBase
 from bullmq_compat._worker_locks import LockKeepingMixin
@@ -152,7 +152,8 @@ class Worker(LockKeepingMixin, QueueBase):
         self.maximum_rate_limit_delay = _positive_int("maximum_rate_limit_delay", maximum_rate_limit_delay)
         self.shutdown_timeout = shutdown_timeout
         self.fast_path = fast_path
-        self.telemetry = resolve_telemetry(telemetry)
+        # spans (None: none); the meter of Node's MetricNames, fed by the jobs it finishes (None: none)
+        self.telemetry, self.meter = resolve_telemetry(telemetry)
         # releases groups whose jobs Node workers finished (see _groups.py); ours release directly
         # group_keeper=True sweeps the queue's groups every group_sweep_interval; "stream" also follows
         # the events stream (releases within milliseconds, at some CPU per job); False: none
