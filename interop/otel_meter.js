@@ -10,7 +10,8 @@
 //                            child, waits for it); then queue.recordJobCountsMetric(completed,
 //                            failed, waiting, delayed)
 //   node interop/otel_meter.js manage '{"redis": url, "queue": q}'
-//     → {"spans": [...]}     the spans of a queue's management calls (see MANAGE below)
+//     → {"spans": [...], "workerId"}   the spans of a queue's (and a worker's) management calls
+//                                      (see MANAGE below)
 // A metric is {scope, name, description, unit, type, dataPointType, points: [{attributes, value}]};
 // a span {name, kind, spanId, parentSpanId, attributes}.
 const IORedis = require('ioredis');
@@ -149,9 +150,14 @@ async function manage(args, connection) {
   await queue.clean(0, 100, 'wait');
   await queue.drain(true);
   await queue.trimEvents(10);
+  const worker = new Worker(args.queue, null, { connection, telemetry, autorun: false, name: 'w1' });
+  await worker.pause(true);
+  await worker.resume();
+  await worker.rateLimit(10);
+  await worker.close();
   await queue.obliterate({ force: true });
   await queue.close();
-  return { spans: spans() };
+  return { spans: spans(), workerId: worker.id };
 }
 
 async function main() {

@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from bullmq_compat import Queue
+from bullmq_compat import Queue, Worker
 from tests.meter_helpers import comparable, do_work, meters, python_metrics
 from tests.node import INTEROP, run_node
 
@@ -45,12 +45,13 @@ async def test_the_same_work_records_the_same_metrics_in_node_and_python(redis_u
     assert gauge == {"completed": 7, "failed": 1, "waiting": 0, "delayed": 0}
 
 
-def _spans(exported: list[dict[str, Any]], queue_name: str) -> list[tuple[str, int, Any, Any]]:
+def _spans(exported: list[dict[str, Any]], queue_name: str, worker_id: str) -> list[tuple[str, int, Any, Any]]:
     by_id = {s["spanId"]: s for s in exported}
     out = []
     for span in exported:
         parent = by_id.get(span["parentSpanId"] or "")
-        attributes = {k: ("Q" if v == queue_name else v) for k, v in span["attributes"].items()}
+        attributes = {k: {queue_name: "Q", worker_id: "W"}.get(v, v) if isinstance(v, str) else v
+                      for k, v in span["attributes"].items()}
         out.append((span["name"].replace(queue_name, "Q"), span["kind"],
                     parent["name"].replace(queue_name, "Q") if parent else None, sorted(attributes.items())))
     return sorted(out, key=lambda s: (s[0], str(s[2])))
@@ -79,14 +80,19 @@ async def test_management_calls_make_the_spans_node_makes(redis_url, queue_name)
     await queue.clean(0, 100, "wait")
     await queue.drain(True)
     await queue.trim_events(10)
+    worker = Worker(python_queue, None, redis_url, telemetry=provider, name="w1", group_keeper=False)
+    await worker.pause(True)
+    worker.resume()
+    await worker.rate_limit(10)
+    await worker.close()
     await queue.obliterate(force=True)
     await queue.close()
     ours = [{"name": s.name, "kind": s.kind.value, "spanId": format(s.context.span_id, "016x"),
              "parentSpanId": format(s.parent.span_id, "016x") if s.parent else None,
              "attributes": dict(s.attributes or {})} for s in exporter.get_finished_spans()]
-    theirs = _spans(from_node["spans"], node_queue)
+    theirs = _spans(from_node["spans"], node_queue, from_node["workerId"])
     assert [s[0] for s in theirs] == sorted(
         ["pause Q", "pause Q", "resume Q", "updateJobProgress Q", "removeDeduplicationKey Q", "removeDebounceKey Q",
          "remove Q", "promoteJobs Q", "retryJobs Q", "rateLimit Q", "clean Q", "drain Q", "trimEvents Q",
-         "obliterate Q", "close Q"])
-    assert _spans(ours, python_queue) == theirs
+         "obliterate Q", "close Q", "pause Q", "resume Q", "rateLimit Q", "close Q"])
+    assert _spans(ours, python_queue, worker.id) == theirs
