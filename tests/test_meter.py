@@ -94,7 +94,8 @@ async def test_the_work_records_node_s_instruments_and_attributes(redis_url, que
         assert got[name]["unit"] == "1" and got[name]["description"] == f"Number of jobs {state}"
         assert got[name]["type"] == "COUNTER"
     duration = got["bullmq.job.duration"]
-    assert (duration["type"], duration["unit"], duration["description"]) == ("HISTOGRAM", "ms", "Job processing duration")
+    assert (duration["type"], duration["unit"], duration["description"]) == (
+        "HISTOGRAM", "ms", "Job processing duration")
     assert sum(count for _, count in duration["points"]) == 13  # every move above, each with processedOn
     gauge = got["bullmq.queue.jobs"]
     assert (gauge["type"], gauge["unit"], gauge["description"]) == (
