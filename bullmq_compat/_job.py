@@ -15,6 +15,7 @@ from bullmq_compat._errors import (
     script_error,
 )
 from bullmq_compat._job_flow import FlowJobMixin
+from bullmq_compat._meter import record_job
 from bullmq_compat._wire import codec
 from bullmq_compat._wire.options import from_wire, normalize_job_options, to_node_names
 from bullmq_compat._wire.options import attempts_of, int_or_zero
@@ -446,6 +447,8 @@ class Job(FlowJobMixin):
         self.returnvalue = return_value
         self.finished_on = now
         self.attempts_made += 1
+        if getattr(self.queue, "meter", None) is not None:
+            record_job(self, "completed")
         return reply
 
     async def move_to_failed(self, err: BaseException, token: str, fetch_next: bool = False) -> Any:
@@ -480,13 +483,18 @@ class Job(FlowJobMixin):
             reply = await self.queue.finishing(lambda: channel.move_to_delayed(
                 job_id, now, delay, token, fields_to_update=fields, fetch_next=fetch_next))
             self.delay = delay
+            state = "delayed"
         elif should_retry:
             await self.queue.finishing(lambda: channel.retry_job(job_id, bool(self.opts.get("lifo")), token, now, fields))
+            state = "retried"
         else:
             reply = await self.queue.finishing(lambda: channel.move_to_finished(
                 job_id, self.opts, "failed", reason, token, now, fetch_next, fields, group_id=self.group_id))
             self.finished_on = now
+            state = "failed"
         self.failed_reason = reason
+        if getattr(self.queue, "meter", None) is not None:
+            record_job(self, state)
         self.attempts_made += 1
         return reply
 
@@ -497,6 +505,8 @@ class Job(FlowJobMixin):
         channel = await self._channel()
         await self.queue.finishing(lambda: channel.move_to_delayed(str(self.id), now, delay, token, skip_attempt=True))
         self.delay = delay
+        if getattr(self.queue, "meter", None) is not None:
+            record_job(self, "delayed")
 
     async def move_to_waiting_children(self, token: str, child: Optional[Mapping[str, str]] = None) -> bool:
         """From a processor: wait for this job's children; True when moved (then raise
@@ -508,8 +518,11 @@ class Job(FlowJobMixin):
             queue = child["queue"] if ":" in child["queue"] else f"{self.queue.prefix}:{child['queue']}"
             child_key = f"{queue}:{child['id']}"
         channel = await self._channel()
-        return bool(await self.queue.finishing(lambda: channel.move_to_waiting_children(
+        moved = bool(await self.queue.finishing(lambda: channel.move_to_waiting_children(
             str(self.id), token, int(time.time() * 1000), child_key)))
+        if moved and getattr(self.queue, "meter", None) is not None:
+            record_job(self, "waiting-children")
+        return moved
 
     async def extend_lock(self, token: str, duration: int) -> None:
         """Keep this active job's lock for ``duration`` more ms (the worker does this on its own)."""
@@ -524,4 +537,7 @@ class Job(FlowJobMixin):
         not checked (for a job taken by hand)."""
         token = "0" if token is None else token
         channel = await self._channel()
-        return int(await self.queue.finishing(lambda: channel.move_job_from_active_to_wait(str(self.id), token)) or 0)
+        ttl = int(await self.queue.finishing(lambda: channel.move_job_from_active_to_wait(str(self.id), token)) or 0)
+        if getattr(self.queue, "meter", None) is not None:
+            record_job(self, "waiting")
+        return ttl

@@ -18,7 +18,9 @@ from bullmq_compat._groups import (
 from bullmq_compat._job import Job
 from bullmq_compat._queue_manage import QueueManagementMixin
 from bullmq_compat._scheduler import JobSchedulerMixin, _template_opts, _upsert, normalize_repeat_options
-from bullmq_compat._telemetry import resolve as resolve_telemetry
+from bullmq_compat._meter import JobMetrics
+from bullmq_compat._telemetry import operation_span
+from bullmq_compat._telemetry import resolve_both as resolve_telemetry
 from bullmq_compat._wire import codec
 from bullmq_compat._wire.options import from_wire, merge_defaults, normalize_job_options, to_wire
 
@@ -58,6 +60,9 @@ def check_states(types: Iterable[str]) -> list[str]:
 
 class QueueBase(EventEmitter):
     """What every queue-bound class shares: name, prefix and the backend that holds the queue."""
+
+    #: Node's ``opts.telemetry.meter``: records MetricNames (`_meter.JobMetrics`), None when off
+    meter: Optional[JobMetrics] = None
 
     def __init__(self, name: str, connection: Connection = None, *, prefix: str = "bull",
                  schema: Optional[str] = None, migrate: bool = False,
@@ -231,7 +236,7 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
             raise InvalidArgument(f"max_len_events={max_len_events!r} must be an int >= 0")
         self.max_len_events = max_len_events
         self.skip_meta_update = skip_meta_update
-        self.telemetry = resolve_telemetry(telemetry)
+        self.telemetry, self.meter = resolve_telemetry(telemetry)
 
     async def _first_use(self) -> None:
         try:
@@ -370,6 +375,23 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
         counts = await self.backend.get_counts(states)
         return {state: int(count or 0) for state, count in zip(states, counts)}
 
+    async def record_job_counts_metric(self, *types: str) -> dict[str, int]:
+        """`get_job_counts`, also recorded (with a meter, ``telemetry=``) on the gauge
+        ``bullmq.queue.jobs``: each state's count with ``bullmq.queue.name`` and
+        ``bullmq.queue.jobs.state``, as Node's ``recordJobCountsMetric``."""
+        counts = await self.get_job_counts(*types)
+        if self.meter is not None:
+            self.meter.counts(self.name, counts)
+        return counts
+
+    async def close(self) -> None:
+        """Close the connections this queue opened (a client passed as ``connection=`` stays open);
+        with tracing, inside Node's ``close <queue>`` span."""
+        if self.telemetry is None:
+            return await super().close()
+        with self._span("close"):
+            await super().close()
+
     async def get_job_count_by_types(self, *types: str) -> int:
         """The sum of `get_job_counts` over ``types`` (all states when none are named)."""
         return sum((await self.get_job_counts(*types)).values())
@@ -422,8 +444,9 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
 
     async def remove_deduplication_key(self, deduplication_id: str) -> int:
         """Forget ``deduplication_id`` so the next add with it makes a new job; 1 when it was set."""
-        await self.wait_until_ready()
-        return await self.backend.remove_deduplication_key(deduplication_id)
+        with self._span("removeDeduplicationKey", {telemetry_attrs.DEDUPLICATION_KEY: deduplication_id}):
+            await self.wait_until_ready()
+            return await self.backend.remove_deduplication_key(deduplication_id)
 
     async def get_debounce_job_id(self, debounce_id: str) -> Optional[str]:
         """Node's deprecated name of `get_deduplication_job_id`."""
@@ -431,7 +454,9 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
 
     async def remove_debounce_key(self, debounce_id: str) -> int:
         """Node's deprecated name of `remove_deduplication_key`."""
-        return await self.remove_deduplication_key(debounce_id)
+        with self._span("removeDebounceKey", {telemetry_attrs.JOB_KEY: debounce_id}):
+            await self.wait_until_ready()
+            return await self.backend.remove_deduplication_key(debounce_id)
 
     # -- Node's other getters -----------------------------------------------------------------
     async def get_waiting_count(self) -> int:
@@ -524,9 +549,10 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
         """Set job ``job_id``'s progress (a number or JSON-serialisable object); emits 'progress'
         (job id, progress) on this queue, and upstream's 'progress' event for QueueEvents."""
         text = codec.dumps(progress, what="progress")
-        await self.wait_until_ready()
-        await self.backend.update_progress(str(job_id), text)
-        self.emit("progress", str(job_id), progress)
+        with self._span("updateJobProgress", {telemetry_attrs.JOB_ID: str(job_id), telemetry_attrs.JOB_PROGRESS: text}):
+            await self.wait_until_ready()
+            await self.backend.update_progress(str(job_id), text)
+            self.emit("progress", str(job_id), progress)
 
     async def add_job_log(self, job_id: str, row: str, keep_logs: Optional[int] = None) -> int:
         """Append a log line to job ``job_id``, keeping at most ``keep_logs`` (None or 0: all);
@@ -632,7 +658,7 @@ class JobScheduler(QueueBase):
             raise InvalidArgument(f"repeat_strategy={repeat_strategy!r} must be a function "
                                   "(millis, repeat_opts, name) -> next run in ms, or None")
         self.repeat_strategy = repeat_strategy
-        self.telemetry = resolve_telemetry(telemetry)
+        self.telemetry, self.meter = resolve_telemetry(telemetry)
         self.default_job_options: dict[str, Any] = {}
 
     async def upsert_job_scheduler(self, job_scheduler_id: str, repeat: Mapping[str, Any], job_name: str,

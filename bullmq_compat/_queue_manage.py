@@ -1,9 +1,17 @@
-"""Queue management: pause, drain, clean, obliterate, retries, limits, metrics (on the backend)."""
+"""Queue management: pause, drain, clean, obliterate, retries, limits, metrics (on the backend).
+
+With tracing on (``telemetry=``), the calls Node traces make Node's spans (`_span`): INTERNAL
+``pause``, ``resume``, ``drain``, ``clean``, ``obliterate``, ``remove``, ``promoteJobs``,
+``rateLimit`` and ``trimEvents``, PRODUCER ``retryJobs``, each named ``"<operation> <queue>"``."""
 from __future__ import annotations
 
+import json
 import time
-from typing import TYPE_CHECKING, Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, ContextManager, Iterable, Mapping, Optional
 
+from opentelemetry.trace import SpanKind
+
+from bullmq_compat import _telemetry as attrs
 from bullmq_compat._errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -24,22 +32,30 @@ class QueueManagementMixin:
 
     name: str
     backend: "QueueBackend"
+    telemetry: Optional["attrs.Telemetry"]
     if TYPE_CHECKING:
         async def wait_until_ready(self) -> None: ...  # provided by QueueBase
 
         def emit(self, event: str, *args: Any) -> bool: ...  # provided by EventEmitter
 
+    def _span(self, operation: str, attributes: Optional[Mapping[str, Any]] = None,
+              kind: SpanKind = SpanKind.INTERNAL) -> ContextManager[Any]:
+        """Node's ``this.trace(kind, operation, this.name, ...)`` around a management call."""
+        return attrs.operation_span(self.telemetry, self.name, operation, attributes, kind)
+
     async def pause(self) -> None:
         """Stop workers from taking new jobs of this queue (all languages)."""
-        await self.wait_until_ready()
-        await self.backend.pause(True)
-        self.emit("paused")
+        with self._span("pause"):
+            await self.wait_until_ready()
+            await self.backend.pause(True)
+            self.emit("paused")
 
     async def resume(self) -> None:
         """Let workers (all languages) take jobs of this queue again after `pause`."""
-        await self.wait_until_ready()
-        await self.backend.pause(False)
-        self.emit("resumed")
+        with self._span("resume"):
+            await self.wait_until_ready()
+            await self.backend.pause(False)
+            self.emit("resumed")
 
     async def is_paused(self) -> bool:
         """Whether the queue is paused (by any client, Python or Node)."""
@@ -48,8 +64,9 @@ class QueueManagementMixin:
 
     async def drain(self, delayed: bool = False) -> None:
         """Remove waiting (and, with delayed=True, delayed) jobs; active ones are kept."""
-        await self.wait_until_ready()
-        await self.backend.drain(delayed)
+        with self._span("drain", {attrs.QUEUE_DRAIN_DELAY: delayed}):
+            await self.wait_until_ready()
+            await self.backend.drain(delayed)
 
     async def clean(self, grace: int, limit: int = 0, type: str = "completed") -> list[str]:
         """Remove jobs of one state older than ``grace`` ms (at most ``limit``, 0 = all); returns their ids.
@@ -62,45 +79,59 @@ class QueueManagementMixin:
             raise InvalidArgument(f"grace={grace!r} must be an int number of ms >= 0")
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise InvalidArgument(f"limit={limit!r} must be an int >= 0 (0: all)")
-        await self.wait_until_ready()
-        max_count = limit or float("inf")
-        per_call = int(min(10000, max_count))
-        timestamp = int(time.time() * 1000) - grace
-        normalized = "wait" if type == "waiting" else type
-        deleted: list[str] = []
-        while len(deleted) < max_count:
-            ids = list(await self.backend.clean(type, timestamp, per_call))
-            self.emit("cleaned", ids, normalized)
-            deleted.extend(ids)
-            if len(ids) < per_call:
-                break
-        return deleted
+        with self._span("clean") as span:
+            await self.wait_until_ready()
+            max_count = limit or float("inf")
+            per_call = int(min(10000, max_count))
+            timestamp = int(time.time() * 1000) - grace
+            normalized = "wait" if type == "waiting" else type
+            deleted: list[str] = []
+            while len(deleted) < max_count:
+                ids = list(await self.backend.clean(type, timestamp, per_call))
+                self.emit("cleaned", ids, normalized)
+                deleted.extend(ids)
+                if len(ids) < per_call:
+                    break
+            span.set_attributes({attrs.QUEUE_GRACE: grace, attrs.JOB_TYPE: type,
+                                 attrs.QUEUE_CLEAN_LIMIT: max_count, attrs.QUEUE_CLEAN_COUNT: len(deleted)})
+            return deleted
 
     async def obliterate(self, force: bool = False, count: int = 1000) -> None:
         """Delete the whole queue; refuses while jobs are active unless force=True."""
-        await self.wait_until_ready()
-        await self.backend.obliterate(force, count)
+        with self._span("obliterate"):
+            await self.pause()  # as Node: paused first (its span and 'paused' event), then deleted
+            await self.backend.obliterate(force, count)
 
     async def remove(self, job_id: str, remove_children: bool = True) -> int:
         """Remove a job; 1 when removed, 0 when it is locked by a worker."""
-        await self.wait_until_ready()
-        code = await self.backend.remove(str(job_id), remove_children)
-        if code == 1:
-            self.emit("removed", str(job_id))
-        return code
+        with self._span("remove", {attrs.JOB_ID: str(job_id),
+                                   attrs.JOB_OPTIONS: json.dumps({"removeChildren": remove_children},
+                                                              separators=(",", ":"))}):
+            await self.wait_until_ready()
+            code = await self.backend.remove(str(job_id), remove_children)
+            if code == 1:
+                self.emit("removed", str(job_id))
+            return code
 
     async def retry_jobs(self, count: int = 1000, state: str = "failed",
                          timestamp: Optional[int] = None) -> None:
         """Move failed (or completed) jobs finished before ``timestamp`` back to waiting."""
         if state not in ("failed", "completed"):
             raise InvalidArgument(f"state={state!r}: jobs can be retried from 'failed' or 'completed' only")
-        await self.wait_until_ready()
-        await self.backend.retry_jobs(state, count, timestamp or int(time.time() * 1000))
+        # Node's span has the options as given: here those that differ from the defaults
+        given = {key: value for key, value, default in (("count", count, 1000), ("state", state, "failed"),
+                                                        ("timestamp", timestamp, None)) if value != default}
+        with self._span("retryJobs", {attrs.QUEUE_OPTIONS: json.dumps(given, separators=(",", ":"))},
+                        SpanKind.PRODUCER):
+            await self.wait_until_ready()
+            await self.backend.retry_jobs(state, count, timestamp or int(time.time() * 1000))
 
     async def promote_jobs(self, count: int = 1000) -> None:
         """Move every delayed job to waiting now."""
-        await self.wait_until_ready()
-        await self.backend.promote_jobs(count)
+        given = {"count": count} if count != 1000 else {}
+        with self._span("promoteJobs", {attrs.QUEUE_OPTIONS: json.dumps(given, separators=(",", ":"))}):
+            await self.wait_until_ready()
+            await self.backend.promote_jobs(count)
 
     async def set_global_concurrency(self, concurrency: int) -> None:
         """At most ``concurrency`` jobs of this queue active at once, across all workers and languages."""
@@ -137,8 +168,9 @@ class QueueManagementMixin:
         """Rate-limit the whole queue for ``expire_ms`` ms: no worker (of any language) takes a job
         of it until then (Node's ``queue.rateLimit``)."""
         _positive_int("expire_ms", expire_ms)
-        await self.wait_until_ready()
-        await self.backend.set_rate_limit(expire_ms)
+        with self._span("rateLimit", {attrs.QUEUE_RATE_LIMIT: expire_ms}):
+            await self.wait_until_ready()
+            await self.backend.set_rate_limit(expire_ms)
 
     async def remove_rate_limit_key(self) -> int:
         """End the queue's current rate-limit window now; 1 when there was one, else 0."""
@@ -198,5 +230,6 @@ class QueueManagementMixin:
     async def trim_events(self, max_length: int) -> int:
         """Trim the events stream to about ``max_length`` entries; returns how many were removed."""
         _positive_int("max_length", max_length, 0)
-        await self.wait_until_ready()
-        return await self.backend.trim_events(max_length)
+        with self._span("trimEvents", {attrs.QUEUE_EVENT_MAX_LENGTH: max_length}):
+            await self.wait_until_ready()
+            return await self.backend.trim_events(max_length)

@@ -37,7 +37,8 @@ from bullmq_compat._job import Job
 from bullmq_compat._cancellation import AbortController, AbortSignal
 from bullmq_compat._lock_manager import LockManager
 from bullmq_compat import _telemetry as telemetry_attrs
-from bullmq_compat._telemetry import resolve as resolve_telemetry
+from bullmq_compat._telemetry import operation_span
+from bullmq_compat._telemetry import resolve_both as resolve_telemetry
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from bullmq_compat._queue import Connection, QueueBase
 from bullmq_compat._worker_locks import LockKeepingMixin
@@ -152,7 +153,8 @@ class Worker(LockKeepingMixin, QueueBase):
         self.maximum_rate_limit_delay = _positive_int("maximum_rate_limit_delay", maximum_rate_limit_delay)
         self.shutdown_timeout = shutdown_timeout
         self.fast_path = fast_path
-        self.telemetry = resolve_telemetry(telemetry)
+        # spans (None: none); the meter of Node's MetricNames, fed by the jobs it finishes (None: none)
+        self.telemetry, self.meter = resolve_telemetry(telemetry)
         # releases groups whose jobs Node workers finished (see _groups.py); ours release directly
         # group_keeper=True sweeps the queue's groups every group_sweep_interval; "stream" also follows
         # the events stream (releases within milliseconds, at some CPU per job); False: none
@@ -364,6 +366,18 @@ class Worker(LockKeepingMixin, QueueBase):
         if self._closed.is_set() or (self.closing and not force):
             await self._closed.wait() if self._running else None
             return
+        if self.telemetry is not None:
+            with self._span("close", {telemetry_attrs.WORKER_FORCE_CLOSE: force}):
+                return await self._close(force)
+        await self._close(force)
+
+    def _span(self, operation: str, attributes: Mapping[str, Any]) -> Any:
+        """Node's worker span ``"<operation> <queue>"`` (INTERNAL) with the worker's id and name."""
+        named = {telemetry_attrs.WORKER_ID: self.id, **(
+            {telemetry_attrs.WORKER_NAME: self.worker_name} if self.worker_name is not None else {})}
+        return operation_span(self.telemetry, self.name, operation, {**named, **attributes})
+
+    async def _close(self, force: bool) -> None:
         self.closing = True
         self._closing_event.set()
         self.emit("closing", "closing queue")
@@ -408,26 +422,32 @@ class Worker(LockKeepingMixin, QueueBase):
 
     async def pause(self, do_not_wait_active: bool = False) -> None:
         """Stop this worker taking new jobs (other workers go on); active jobs finish unless told not to wait."""
-        self._paused = True
-        self._wake_all()
-        if not do_not_wait_active:
-            while self._active:
-                await asyncio.sleep(0.01)
-        self.emit("paused")
+        with self._span("pause", {telemetry_attrs.WORKER_DO_NOT_WAIT_ACTIVE: do_not_wait_active}):
+            self._paused = True
+            self._wake_all()
+            if not do_not_wait_active:
+                while self._active:
+                    await asyncio.sleep(0.01)
+            self.emit("paused")
 
     def resume(self) -> None:
         if self._paused:
-            self._paused = False
-            self._drained = False
-            self._wake_all()
-            self.emit("resumed")
+            with self._span("resume", {}):
+                self._paused = False
+                self._drained = False
+                self._wake_all()
+                self.emit("resumed")
 
     async def rate_limit(self, expire_time_ms: int) -> None:
         """Rate-limit the whole queue for ``expire_time_ms``; then raise `RateLimitError` from the processor."""
-        await self.wait_until_ready()
-        # Node stores Number.MAX_SAFE_INTEGER: above any limiter max, so every worker (and the
-        # queue's global rate limit) sees the queue as limited until the key expires
-        await self.backend.set_rate_limit(_positive_int("expire_time_ms", expire_time_ms))
+        _positive_int("expire_time_ms", expire_time_ms)
+        # Node's span has the worker's id but not its name
+        with operation_span(self.telemetry, self.name, "rateLimit", {
+                telemetry_attrs.WORKER_ID: self.id, telemetry_attrs.WORKER_RATE_LIMIT: expire_time_ms}):
+            await self.wait_until_ready()
+            # Node stores Number.MAX_SAFE_INTEGER: above any limiter max, so every worker (and the
+            # queue's global rate limit) sees the queue as limited until the key expires
+            await self.backend.set_rate_limit(expire_time_ms)
 
     # -- fetching -----------------------------------------------------------------------------------
     def _next_token(self) -> str:
