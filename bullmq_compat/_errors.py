@@ -191,7 +191,7 @@ class PostgresUnavailable(BullMQCompatError, ConnectionError):
 
 
 class PostgresDriverMissing(BullMQCompatError, ImportError):
-    """A ``postgresql://`` connection without psycopg installed: ``pip install 'bullmq-compat[postgres]'``."""
+    """A ``postgresql://`` connection without the PostgreSQL driver: ``pip install 'bullmq-compat[postgres]'``."""
 
 
 class SchemaMigrationRequired(BullMQCompatError):

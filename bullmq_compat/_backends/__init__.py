@@ -12,10 +12,12 @@ POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 
 def is_postgres(connection: Any) -> bool:
-    """A ``postgresql://``/``postgres://`` URL, or a psycopg_pool pool."""
+    """A ``postgresql://``/``postgres://`` URL, or a pool of the PostgreSQL driver's."""
     if isinstance(connection, str):
         return connection.startswith(POSTGRES_SCHEMES)
-    return type(connection).__module__.startswith("psycopg_pool")
+    from bullmq_compat._backends.postgres.driver import is_pool
+
+    return is_pool(connection)
 
 
 def open_backend(name: str, connection: Any, *, prefix: str = "bull", schema: Optional[str] = None,

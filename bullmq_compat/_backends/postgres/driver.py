@@ -3,11 +3,17 @@ from __future__ import annotations
 
 import re
 from types import ModuleType
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from bullmq_compat._errors import PostgresDriverMissing
 
 INSTALL_HINT = "pip install 'bullmq-compat[postgres]'"
+
+
+def is_pool(connection: Any) -> bool:
+    """Whether ``connection`` is a psycopg_pool pool (told by its class's module: nothing imported)."""
+    return type(connection).__module__.startswith("psycopg_pool")
 
 
 def load_psycopg() -> tuple[ModuleType, ModuleType]:
