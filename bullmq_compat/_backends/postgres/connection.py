@@ -157,9 +157,18 @@ class PostgresConnection:
 
     async def connect(self) -> int:
         """Reach the server and check (or migrate) the schema, once; returns the schema version."""
+        if self._closed:
+            raise PostgresUnavailable(f"the connection to {self.description} is closed")
         if self._ready is None or (self._ready.done() and self._ready.exception() is not None):
             self._ready = asyncio.ensure_future(self._bootstrap())
-        return await asyncio.shield(self._ready)
+        ready = self._ready
+        try:
+            return await asyncio.shield(ready)
+        except asyncio.CancelledError:
+            if self._closed and ready.cancelled():  # close() stopped it, not a cancel of our caller
+                raise PostgresUnavailable(f"the connection to {self.description} was closed while "
+                                          "connecting") from None
+            raise
 
     async def _bootstrap(self) -> int:
         psycopg, psycopg_pool = load_psycopg()
