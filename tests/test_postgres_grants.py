@@ -94,7 +94,7 @@ class Roles:
                 psycopg.connect(self.url(self.owner), autocommit=True) as owner:
             for statement in self.statements(drop):
                 # roles and database rights need CREATEROLE / the database's owner; the rest the schema's owner
-                by_admin = statement.startswith("CREATE ROLE") or " ON DATABASE " in statement
+                by_admin = statement.startswith(("CREATE ROLE", "ALTER DEFAULT")) or " ON DATABASE " in statement
                 (admin if by_admin else owner).execute(statement)
 
     def tear_down(self) -> None:
@@ -163,8 +163,12 @@ async def test_a_producer_and_a_worker_run_with_exactly_the_documented_grants(ro
         assert await tree.job.wait_until_finished(events, 60000) == {"doubled": 6}
         for job in bulk:
             assert await job.wait_until_finished(events, 60000) == {"doubled": job.data["n"] * 2}
+        # another role adds to the queue the producer made (its id sequence is the producer's)
+        async with Queue(name, roles.url("bullmq_worker"), schema=roles.schema) as other:
+            more = await other.add("more", {"n": 5})
+            assert await more.wait_until_finished(events, 60000) == {"doubled": 10}
         counts = await producer.get_job_counts("completed", "failed", "waiting", "active", "delayed")
-        assert counts == {"completed": 10, "failed": 0, "waiting": 0, "active": 0, "delayed": 0}, counts
+        assert counts == {"completed": 11, "failed": 0, "waiting": 0, "active": 0, "delayed": 0}, counts
         stored = await producer.get_job(retried.id)
         assert stored is not None and stored.attempts_made == 2
         assert errors == [], errors
@@ -236,6 +240,16 @@ async def test_each_documented_grant_is_needed_and_its_absence_named(roles: Role
     assert message in str(err), repr(err)
     for secret in roles.passwords.values():
         assert secret not in str(err) + repr(err)
+
+
+async def test_without_the_default_privileges_a_second_role_cannot_add_to_the_queue(roles: Roles) -> None:
+    await roles.set_up(drop="ALTER DEFAULT PRIVILEGES")
+    name = f"q-{uuid.uuid4().hex[:8]}"
+    async with Queue(name, roles.url("bullmq_producer"), schema=roles.schema) as producer:
+        await producer.add("n", {})  # creates the queue's id sequence, owned by the producer role
+    async with Queue(name, roles.url("bullmq_worker"), schema=roles.schema) as other:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied for sequence bullmq_jid_"):
+            await other.add("n", {})
 
 
 def test_the_cli_says_which_permission_is_missing(roles: Roles) -> None:
