@@ -154,6 +154,27 @@ async def test_a_wrong_ca_is_refused_with_a_clear_error(tls_pg: TLSPostgres, nam
         assert admin.execute(f'SELECT count(*) FROM "{SCHEMA}".job WHERE queue = %s', [name]).fetchone() == (0,)
 
 
+@pytest.mark.parametrize("case, libpq_says", [
+    ("host name not in the certificate", "does not match host name"),
+    ("no such sslrootcert file", "root certificate file"),
+])
+async def test_other_verification_failures_say_what_to_check(tls_pg: TLSPostgres, name: str, case: str,
+                                                              libpq_says: str) -> None:
+    if case.startswith("host name"):  # the right server (hostaddr), named by a host its certificate lacks
+        url = tls_pg.url(host="wrong-name.invalid", extra="&hostaddr=127.0.0.1")
+    else:
+        url = tls_pg.url(ca=tls_pg.pki_dir / "no-such-ca.pem")
+    queue = Queue(name, url, schema=SCHEMA)
+    try:
+        with pytest.raises(PostgresUnavailable) as caught:
+            await asyncio.wait_for(queue.add("n", {}), 60)
+    finally:
+        await queue.close()
+    message = str(caught.value)
+    assert libpq_says in message and "TLS certificate did not verify" in message, message
+    assert RIGHT_PASSWORD not in message
+
+
 def test_a_plain_connection_is_refused_by_the_server(tls_pg: TLSPostgres) -> None:
     """The hba this test relies on: without TLS the role is not let in at all."""
     plain = f"postgresql://{ROLE}:{RIGHT_PASSWORD}@127.0.0.1:{tls_pg.server.port}/postgres?sslmode=disable"
