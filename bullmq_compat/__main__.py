@@ -382,8 +382,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _shown(err: BaseException, args: argparse.Namespace) -> str:
-    """An error's text as the CLI prints it: the --redis URL's password never in it."""
-    return scrub(str(err), secrets_of(getattr(args, "redis", "")))
+    """An error's text as the CLI prints it: the --redis and --postgres URLs' passwords never in it."""
+    return scrub(str(err), secrets_of([getattr(args, "redis", ""), getattr(args, "postgres", None) or ""]))
+
+
+def _postgres_errors() -> tuple[type[BaseException], ...]:
+    """psycopg's base error (a refusal by the server: a missing grant...), when psycopg is installed."""
+    try:
+        import psycopg
+    except ImportError:
+        return ()
+    return (psycopg.Error,)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -413,6 +422,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     except REDIS_ERRORS as err:
         print(f"bullmq-compat: Redis refused the command: {_shown(err, args)}", file=sys.stderr)
+        return 2
+    except _postgres_errors() as err:  # the first line is the server's message; CONTEXT lines follow
+        first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        print(f"bullmq-compat: PostgreSQL at {_where(args)} refused the command: "
+              f"{scrub(first_line, secrets_of(getattr(args, 'postgres', None) or ''))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -14,7 +14,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from typing import Iterator
+from typing import Iterator, Optional, Sequence
 
 LOCAL_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -50,9 +50,16 @@ class PostgresServer:
     """A throw-away cluster (initdb + pg_ctl) on a free loopback port, in a temporary directory.
 
     initdb refuses to run as root, so as root the cluster is made and run as the ``postgres`` OS user.
+
+    ``ssl_files=(certificate, key)`` (e.g. from ``tests._tls.make_pki``) starts it with ``ssl=on``
+    (copies of the files live in the cluster's directory, gone with it); ``hba`` replaces
+    ``pg_hba.conf`` (lines as written there), e.g. to ask roles for a password -- keep a ``trust``
+    line for ``postgres`` on 127.0.0.1, which `url` and the start check use.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, ssl_files: Optional[tuple[str, str]] = None, hba: Optional[Sequence[str]] = None) -> None:
+        self.ssl_files = ssl_files
+        self.hba = list(hba) if hba is not None else None
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="bullmq-compat-pg-")
         self.data = os.path.join(self.dir, "data")
@@ -78,8 +85,23 @@ class PostgresServer:
     def start(self) -> "PostgresServer":
         self._run(_binary("initdb"), "-D", self.data, "-U", "postgres", "--auth=trust", "-E", "UTF8",
                   "--no-sync")
+        options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir} -c fsync=off"
+        if self.ssl_files is not None:
+            cert, key = (os.path.join(self.dir, name) for name in ("server.crt", "server.key"))
+            for source, target in zip(self.ssl_files, (cert, key)):
+                shutil.copyfile(source, target)
+                os.chmod(target, 0o600)
+                if self._as_postgres:
+                    shutil.chown(target, "postgres")
+            options += f" -c ssl=on -c ssl_cert_file={cert} -c ssl_key_file={key}"
+        if self.hba is not None:
+            hba_file = os.path.join(self.data, "pg_hba.conf")
+            with open(hba_file, "w") as f:
+                f.write("\n".join(self.hba) + "\n")
+            if self._as_postgres:
+                shutil.chown(hba_file, "postgres")
         self._run(_binary("pg_ctl"), "-D", self.data, "-w", "-l", os.path.join(self.dir, "log"), "-o",
-                  f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir} -c fsync=off", "start")
+                  options, "start")
         deadline = time.monotonic() + 20
         while not _answers(self.url):
             if time.monotonic() > deadline:

@@ -205,3 +205,18 @@ async def test_a_domain_refusal_of_upstream_sql_maps_to_its_script_error(postgre
         assert isinstance(mapped, ParentJobNotFound) and "q:gone" in str(mapped)
     finally:
         await conn.close()
+
+
+async def test_close_during_connect_gives_the_caller_postgres_unavailable_not_a_cancel(postgres_url: str) -> None:
+    """A worker closed while it (re)connects must see a connection error it handles, not a
+    CancelledError it was never sent (Worker.run() raised it out of close())."""
+    import asyncio
+
+    conn = PostgresConnection(postgres_url, schema="never_connected_here")
+    connecting = asyncio.ensure_future(conn.connect())
+    await asyncio.sleep(0)
+    await conn.close()
+    with pytest.raises(PostgresUnavailable, match="closed while connecting"):
+        await connecting
+    with pytest.raises(PostgresUnavailable, match="is closed"):
+        await conn.connect()

@@ -477,8 +477,8 @@ async def test_the_listen_sessions_are_named_as_node_names_them_from_the_start(b
         await reader.read("0", 10)
         assert await names(backend, f"{Q}:w:w1") == [f"{Q}:w:w1"]
         assert await names(backend, f"{Q}:qe") == [f"{Q}:qe"]
-        listed = {c["name"] for c in await backend.get_client_list()}
-        assert {f"{Q}:w:w1"} <= listed
+        assert f"{Q}:w:w1" in {c["name"] for c in await backend.get_client_list()}  # Node's getWorkers
+        assert {c["name"] for c in await backend.get_queue_events_clients()} == {f"{Q}:qe"}  # its getQueueEvents
     finally:
         await reader.close()
     await channel.close()

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Optional, Sequence, Union
 from bullmq_compat._errors import InvalidArgument, PostgresUnavailable
 from bullmq_compat._backends.postgres import migrator, sql
 from bullmq_compat._backends.postgres.driver import load_psycopg, mask_password
+from bullmq_compat._secrets import scrub, secrets_of
 
 if TYPE_CHECKING:
     import psycopg
@@ -47,26 +48,42 @@ def _is_connection(value: Any) -> bool:
     return isinstance(value, psycopg.AsyncConnection)
 
 
-def _unavailable(where: str, err: BaseException, secret: Optional[str]) -> PostgresUnavailable:
-    reason = str(err).strip().replace("\n", " ")
-    if secret:
-        reason = reason.replace(secret, "***")
+#: libpq's words when a server certificate does not verify (sslmode=verify-ca / verify-full)
+_TLS_VERIFY_FAILURES = ("certificate verify failed", "does not match host name", "root certificate file")
+
+
+def _unavailable(where: str, err: BaseException, secrets: Sequence[str]) -> PostgresUnavailable:
+    """The error for a failed connection: the address without its password, and libpq's reason
+    with every secret of the connection scrubbed (libpq texts may repeat parts of the conninfo)."""
+    reason = scrub(str(err).strip().replace("\n", " "), secrets)
+    if any(words in reason for words in _TLS_VERIFY_FAILURES):
+        reason += (". The server's TLS certificate did not verify: check that sslrootcert= names the CA "
+                   "that signed it and that the host name is in the certificate")
     return PostgresUnavailable(f"could not connect to PostgreSQL at {where}: {reason}")
 
 
-def _connect_kwargs(url: str, schema: str) -> tuple[dict[str, Any], Optional[str]]:
-    """(keyword arguments for psycopg's connect, the password to scrub from messages)."""
+def _parse(url: str) -> tuple[dict[str, Any], list[str]]:
+    """(psycopg's keyword arguments of ``url``, its secrets to scrub from messages); a string
+    libpq cannot parse is an `InvalidArgument` whose text (libpq quotes the bad token, which may
+    be the password) is scrubbed."""
     psycopg, _ = load_psycopg()
+    secrets = secrets_of(url)
     try:
         params = psycopg.conninfo.conninfo_to_dict(url)
     except psycopg.ProgrammingError as err:
         raise InvalidArgument(f"connection={mask_password(url)!r} is not a PostgreSQL connection string "
-                              f"({str(err).strip()})") from None
+                              f"({scrub(str(err).strip(), secrets)})") from None
+    password = params.get("password")
+    return params, secrets + ([str(password)] if password else [])
+
+
+def _connect_kwargs(url: str, schema: str) -> tuple[dict[str, Any], list[str]]:
+    """(keyword arguments for psycopg's connect, the secrets to scrub from messages)."""
+    params, secrets = _parse(url)
     search_path = f"-c search_path={migrator.quote_schema_name(schema)}"
     existing = params.get("options")
     params["options"] = f"{existing} {search_path}" if existing else search_path
-    password = params.get("password")
-    return params, str(password) if password else None
+    return params, secrets
 
 
 @contextlib.asynccontextmanager
@@ -75,15 +92,11 @@ async def session(url_or_pool: Any) -> AsyncIterator["psycopg.AsyncConnection[An
     a pool, or the connection itself."""
     psycopg, _ = load_psycopg()
     if isinstance(url_or_pool, str):
-        try:
-            params = psycopg.conninfo.conninfo_to_dict(url_or_pool)
-        except psycopg.ProgrammingError as err:
-            raise InvalidArgument(f"connection={mask_password(url_or_pool)!r} is not a PostgreSQL "
-                                  f"connection string ({str(err).strip()})") from None
+        params, secrets = _parse(url_or_pool)
         try:
             conn = await psycopg.AsyncConnection.connect(**params, autocommit=True)
         except psycopg.OperationalError as err:
-            raise _unavailable(mask_password(url_or_pool), err, params.get("password")) from None
+            raise _unavailable(mask_password(url_or_pool), err, secrets) from None
         try:
             yield conn
         finally:
@@ -118,13 +131,15 @@ class PostgresConnection:
         self._listeners: list[tuple["psycopg.AsyncConnection[Any]", bool]] = []
         self.schema_version = 0
         if isinstance(connection, str):
-            self._params, self._secret = _connect_kwargs(connection, schema)
+            self._params, self._secrets = _connect_kwargs(connection, schema)
             self.where = mask_password(connection)
             self._pool: Optional["psycopg_pool.AsyncConnectionPool[Any]"] = None
             self._owns_pool = True
             self._max_size = max_size
         elif _is_pool(connection):
-            self._params, self._secret = {}, None
+            given = connection.kwargs  # a dict, or (newer psycopg-pool) a callable giving one
+            self._params, self._secrets = {}, secrets_of([connection.conninfo,
+                                                          dict(given) if isinstance(given, dict) else {}])
             self.where = f"{type(connection).__name__}({connection.name!r})"
             self._pool = connection
             self._owns_pool = False
@@ -144,9 +159,18 @@ class PostgresConnection:
 
     async def connect(self) -> int:
         """Reach the server and check (or migrate) the schema, once; returns the schema version."""
+        if self._closed:
+            raise PostgresUnavailable(f"the connection to {self.description} is closed")
         if self._ready is None or (self._ready.done() and self._ready.exception() is not None):
             self._ready = asyncio.ensure_future(self._bootstrap())
-        return await asyncio.shield(self._ready)
+        ready = self._ready
+        try:
+            return await asyncio.shield(ready)
+        except asyncio.CancelledError:
+            if self._closed and ready.cancelled():  # close() stopped it, not a cancel of our caller
+                raise PostgresUnavailable(f"the connection to {self.description} was closed while "
+                                          "connecting") from None
+            raise
 
     async def _bootstrap(self) -> int:
         psycopg, psycopg_pool = load_psycopg()
@@ -154,7 +178,7 @@ class PostgresConnection:
             try:
                 conn = await psycopg.AsyncConnection.connect(**self._params, autocommit=True)
             except psycopg.OperationalError as err:
-                raise _unavailable(self.where, err, self._secret) from None
+                raise _unavailable(self.where, err, self._secrets) from None
             try:
                 version = await self._check(conn)
             finally:
@@ -171,7 +195,7 @@ class PostgresConnection:
                 async with self._pool.connection() as conn:
                     version = await self._check(conn)
             except psycopg_pool.PoolTimeout as err:
-                raise _unavailable(self.where, err, None) from None
+                raise _unavailable(self.where, err, self._secrets) from None
         self.schema_version = version
         return version
 
@@ -213,7 +237,7 @@ class PostgresConnection:
             try:
                 conn = await pg.AsyncConnection.connect(**{**self._params, **extra}, autocommit=True)
             except pg.OperationalError as err:
-                raise _unavailable(self.where, err, self._secret) from None
+                raise _unavailable(self.where, err, self._secrets) from None
             self._listeners.append((conn, True))
         else:
             conn = await self.pool.getconn()

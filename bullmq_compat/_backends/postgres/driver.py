@@ -1,12 +1,11 @@
 """Loading psycopg (an optional extra) and naming a connection without its password."""
 from __future__ import annotations
 
-import re
 from types import ModuleType
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from bullmq_compat._errors import PostgresDriverMissing
+from bullmq_compat._secrets import redact_url
 
 INSTALL_HINT = "pip install 'bullmq-compat[postgres]'"
 
@@ -28,22 +27,8 @@ def load_psycopg() -> tuple[ModuleType, ModuleType]:
     return psycopg, psycopg_pool
 
 
-_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
-
-
 def mask_password(conninfo: str) -> str:
-    """The connection string with any password replaced by ``***`` (URL and key=value forms)."""
-    if "://" not in conninfo:
-        return _KV_PASSWORD.sub(r"\1***", conninfo)
-    try:
-        parts = urlsplit(conninfo)
-    except ValueError:
-        return "<unparsable connection string>"
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, _, hosts = netloc.rpartition("@")
-        user, sep, _password = userinfo.partition(":")
-        netloc = f"{user}:***@{hosts}" if sep else f"{user}@{hosts}"
-    query = "&".join("password=***" if item.lower().startswith("password=") else item
-                     for item in parts.query.split("&")) if parts.query else ""
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    """The connection string with any password replaced by ``***`` (URL and key=value forms):
+    `bullmq_compat._secrets.redact_url`, which also masks a password holding an unencoded ``/``,
+    ``#`` or ``@`` (``urlsplit`` would read it as part of the host or path, and show it)."""
+    return redact_url(conninfo)
