@@ -471,8 +471,10 @@ async def test_the_listen_sessions_are_named_as_node_names_them_from_the_start(b
         await reader.read("0", 10)
         assert await names(backend, "q:w:w1") == ["q:w:w1"]
         assert await names(backend, "q:qe") == ["q:qe"]
+        # as Node's getWorkers / getQueueEvents: the worker listed as a worker, the reader apart
         listed = {c["name"] for c in await backend.get_client_list()}
-        assert {"q:w:w1", "q:qe"} <= listed
+        assert "q:w:w1" in listed and "q:qe" not in listed
+        assert {"q:qe"} <= {c["name"] for c in await backend.get_queue_events_clients()}
     finally:
         await reader.close()
     await channel.close()
