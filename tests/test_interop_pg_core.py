@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from bullmq_compat import Job, NotSupportedOnBackend, Queue, QueueEvents, Worker, migrate_postgres
+from bullmq_compat import Job, NotSupportedOnBackend, QueueEvents, migrate_postgres
 from bullmq_compat._errors import InvalidJobData, InvalidJobId
 from tests.node import NodeError, node
 from tests.pg_interop_helpers import (apsql, eventually, node_call, node_job, node_states, node_work, pg_of,
