@@ -391,3 +391,26 @@ async def test_node_counts_and_lists_the_states_of_python_jobs(postgres_url: str
     failed = await node_job(pg, queue_name, bad.id)
     assert failed["failedReason"] == "nope" and failed["stacktrace"] and "nope" in failed["stacktrace"][0]
     assert failed["attemptsMade"] == 1 and failed["processedOn"] and failed["finishedOn"]
+
+
+# -- progress and logs written by a Python worker, read by Node -------------------------------------
+async def test_node_reads_the_progress_and_logs_a_python_worker_wrote(postgres_url: str, pg_schema: str,
+                                                                      queue_name: str) -> None:
+    pg = pg_of(postgres_url, pg_schema)
+
+    async def reporting(job: Job) -> Any:
+        await job.update_progress({"pct": 40, "s": "é"})
+        await job.log("first line")
+        await job.log("second \u2028 line")
+        await job.update_progress(100 if job.name == "number" else "half")
+        return "done"
+
+    async with py_queue(queue_name, postgres_url, pg_schema, migrate=True) as queue:
+        obj = await queue.add("object", {"i": 1})
+        num = await queue.add("number", {"i": 2})
+        async with py_worker(queue_name, postgres_url, pg_schema, reporting):
+            await eventually(lambda: node_states(pg, queue_name, [obj.id, num.id], "completed"))
+    assert (await node_job(pg, queue_name, obj.id))["progress"] == "half"
+    assert (await node_job(pg, queue_name, num.id))["progress"] == 100
+    logs = await node_call(pg, queue_name, "getJobLogs", obj.id)
+    assert logs == {"logs": ["first line", "second \u2028 line"], "count": 2}
