@@ -33,7 +33,8 @@ def batch_entry(job: NewJob, queue: str, link: Optional[Mapping[str, Any]] = Non
     dedup = job.opts.get("deduplication")
     return {
         "queue": queue,
-        "id": rows.text_param(job.job_id, what="job_id") if job.job_id else "",
+        # a custom id: the node's own (flows), else opts.jobId, as Node's Queue.add takes it
+        "id": rows.text_param(job_id, what="job_id") if (job_id := job.job_id or job.opts.get("jobId")) else "",
         "name": name,
         "data": rows.json_param(job.data),  # a JSON *string*: add_jobs_bulk reads (j->>'data')::jsonb
         "opts": opts,

@@ -144,6 +144,13 @@ class PostgresBackend(JobSchedulerCalls, QueueBackend):
             results[index] = adding.id_or_error(str(row["id"]), entry, "addBulk")
         return results
 
+    def prepare(self, job: NewJob) -> NewJob:
+        """Check one add now (Queue.add_bulk prepares every job before sending any): what PostgreSQL
+        cannot store (data holding U+0000) raises here, so a bulk with one bad job writes nothing,
+        as Node's addBulk, whose one statement jsonb refuses whole."""
+        adding.batch_entry(job, self.name)
+        return job
+
     def prepare_flow_node(self, job: NewJob, *, parent_key: Optional[str], parent_link: Optional[dict[str, Any]],
                           has_children: bool) -> "FlowNode":
         """One node for `add_flow`, checked now (nothing is sent until every node is)."""
