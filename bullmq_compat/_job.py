@@ -434,7 +434,9 @@ class Job(FlowJobMixin):
 
     # -- finishing (what a worker does; also usable by hand with a token) --------------------------
     async def _channel(self) -> Any:
-        return await self.queue.worker_channel()
+        # a running Worker's channel is there already: skip the two awaits of worker_channel()
+        channel = getattr(self.queue, "_channel", None)
+        return channel if channel is not None else await self.queue.worker_channel()
 
     async def move_to_completed(self, return_value: Any, token: str, fetch_next: bool = False) -> Any:
         """Complete this active job (its lock ``token`` must match); returns the next job's
