@@ -78,6 +78,10 @@ class PostgresServer:
     def start(self) -> "PostgresServer":
         self._run(_binary("initdb"), "-D", self.data, "-U", "postgres", "--auth=trust", "-E", "UTF8",
                   "--no-sync")
+        return self.boot()
+
+    def boot(self) -> "PostgresServer":
+        """Start the (already made) cluster on its port and wait until it answers."""
         self._run(_binary("pg_ctl"), "-D", self.data, "-w", "-l", os.path.join(self.dir, "log"), "-o",
                   f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir} -c fsync=off", "start")
         deadline = time.monotonic() + 20
@@ -86,6 +90,10 @@ class PostgresServer:
                 raise RuntimeError(f"the test PostgreSQL did not start on port {self.port}")
             time.sleep(0.1)
         return self
+
+    def halt(self, mode: str = "fast") -> None:
+        """Stop the server (``fast``: every session is terminated, as in a restart), keeping its data."""
+        self._run(_binary("pg_ctl"), "-D", self.data, "-m", mode, "-w", "stop")
 
     def stop(self) -> None:
         with contextlib.suppress(subprocess.CalledProcessError, RuntimeError):
