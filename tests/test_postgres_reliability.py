@@ -122,11 +122,12 @@ MAX_KILLS = 12
 async def test_sigkilled_workers_lose_no_job_and_stalled_jobs_come_back(
         postgres_url: str, pg_migrated: str, queue_name: str, tmp_path: Path) -> None:
     """Three worker processes (concurrency 4, lock 1 s, stalled check every 0.5 s); one is SIGKILLed
-    every 0.4-1 s and restarted at once. Every job ends as its handler decided, exactly once in the
+    0.4-1 s after the last replacement was ready, and restarted at once (a start takes a second or
+    two here: 4-6 kills in a run). Every job ends as its handler decided, exactly once in the
     events; every duplicate is a run of a killed process; losses = 0."""
     schema = pg_migrated
     rng = random.Random(20261201)
-    plan = plan_jobs(CRASH_JOBS, seed=17, grouped=0, ms=(50, 250))
+    plan = plan_jobs(CRASH_JOBS, seed=17, grouped=0, ms=(100, 300))
     queue = Queue(queue_name, connection=postgres_url, schema=schema)
     procs: list[Proc] = []
     retired: list[Proc] = []
@@ -166,7 +167,7 @@ async def test_sigkilled_workers_lose_no_job_and_stalled_jobs_come_back(
     figures.seconds = seconds
     report(f"\npostgres worker crash: {figures.line()}; worker 'error' events {len(errors)}")
     assert counts == {**{state: 0 for state in counts}, "completed": figures.completed, "failed": figures.failed}
-    assert figures.kills == restarts >= 5, f"only {figures.kills} kills happened"
+    assert figures.kills == restarts >= 4, f"only {figures.kills} kills happened"
     assert figures.killed_runs > 0, "no kill hit a running job: the test proved nothing"
     assert figures.losses == 0 and figures.unexplained == 0
 
@@ -228,10 +229,13 @@ async def test_a_postgres_restart_mid_run_loses_nothing_and_everyone_listens_aga
             first_after = (await cur.fetchone())[0]  # type: ignore[index]
         reconnect_ms = first_after - t_up
 
-        # QueueEvents read on after its session came back (what it saw is checked below)
-        await asyncio.sleep(1.0)
-        table_events_now = await pg_finish_events(url, schema, queue_name)
-        assert sum(table_events_now["completed"].values()) + sum(table_events_now["failed"].values()) >= RESTART_JOBS
+        # every final event reached QueueEvents (it resumed from its cursor), once
+        def all_seen() -> bool:
+            return sum(seen["completed"].values()) + sum(seen["failed"].values()) >= RESTART_JOBS
+
+        async def seen_so_far() -> str:
+            return f"seen {sum(seen['completed'].values())} completed, {sum(seen['failed'].values())} failed"
+        await poll_until(lambda: _true(all_seen()), 30, "QueueEvents to see every final event", seen_so_far)
 
         # everyone LISTENs again, under Node's names
         wanted = [f"{queue_name}:w:{n}" for n in names] + [f"{queue_name}:qe"]
@@ -241,7 +245,7 @@ async def test_a_postgres_restart_mid_run_loses_nothing_and_everyone_listens_aga
         t0 = time.monotonic()
         await poll_until(lambda: _state_is(queue, str(late.id), "completed"), 15, "the late job")
         late_s = time.monotonic() - t0
-        await poll_until(lambda: _true(seen["completed"][str(late.id)] >= 1), 15, "the late job's event")
+        await poll_until(lambda: _true(seen["completed"][str(late.id)] == 1), 15, "the late job's event")
         late_event_s = time.monotonic() - t0
     finally:
         for proc in procs:
@@ -266,20 +270,19 @@ async def test_a_postgres_restart_mid_run_loses_nothing_and_everyone_listens_aga
     for i, job_id in enumerate(plan.ids):
         want["completed" if plan.spec(i)["plan"] in ("ok", "retry") else "failed"][job_id] += 1
     want["completed"][str(late.id)] += 1
-    repeated = {job_id for kind in seen for job_id, n in seen[kind].items() if n > 1}
-    assert not repeated, f"QueueEvents saw final events twice: {sorted(repeated)[:10]}"
-    assert all(seen[kind][job_id] <= want[kind][job_id] for kind in seen for job_id in seen[kind]), \
-        "QueueEvents saw a final event the job did not have"
     missed = [job_id for kind in want for job_id in want[kind] if not seen[kind][job_id]]
-    report(f"postgres restart: QueueEvents missed {len(missed)} of {RESTART_JOBS + 1} final events "
-           "(all in the event table: ids committed out of order, see test_queue_events_misses_none_...)")
-    # what reached it after the restart: at least the late job, read after its session was rebuilt
-    assert seen["completed"][str(late.id)] == 1
+    report(f"postgres restart: QueueEvents missed {len(missed)} of {RESTART_JOBS + 1} final events, "
+           f"saw {sum(n - 1 for kind in seen for n in seen[kind].values())} twice")
+    assert seen == want, "QueueEvents missed or repeated final events"
     assert reconnect_ms < 30_000
     assert late_s < 5 and late_event_s < 5, (late_s, late_event_s)
 
 
 async def _true(value: bool) -> bool:
+    return value
+
+
+async def _text(value: str) -> str:
     return value
 
 
@@ -343,14 +346,12 @@ async def test_an_idle_worker_whose_listen_session_was_terminated_still_wakes_fo
     assert all(a < 5 and b < 5 for a, b in timings), timings
 
 
-# -- 4. QueueEvents and events committed out of id order (a known gap, no fault needed) ----------------------
-@pytest.mark.xfail(reason="QueueEvents on PostgreSQL can miss events: ids come from a sequence at insert, "
-                          "commits land out of id order, and a reader past id N never reads a later-committed "
-                          "N-1 (upstream's read_events cursor, as Node reads it; our batched commits widen "
-                          "the window). Seen here: about 7% of 500 'completed' events missed at concurrency 8.",
-                   strict=False)
+# -- 4. QueueEvents and events committed out of id order (no fault needed) ---------------------------------
 async def test_queue_events_misses_none_of_the_events_of_concurrent_commits(
         postgres_url: str, pg_migrated: str, queue_name: str) -> None:
+    """Event ids come from a sequence at insert; eight slots commit out of id order, so a reader
+    that saw id N may not have seen N-1 yet (Node's cursor would skip it for good: before the
+    reader waited for late commits, 4-7% of these 500 'completed' events were missed here)."""
     schema = pg_migrated
     queue = Queue(queue_name, connection=postgres_url, schema=schema)
     events = QueueEvents(queue_name, postgres_url, schema=schema, blocking_timeout=60_000)
@@ -369,7 +370,9 @@ async def test_queue_events_misses_none_of_the_events_of_concurrent_commits(
         await poll_until(lambda: _ge(finished_count(queue), 500), 60, "500 jobs")
         table = await pg_finish_events(postgres_url, schema, queue_name)
         assert all(table["completed"][i] == 1 for i in ids)  # every event is in the table ...
-        await asyncio.sleep(1.0)
+        await poll_until(lambda: _true(all(seen[i] for i in ids)), 15, "QueueEvents to see all 500",
+                         lambda: _text(f"missed {len([i for i in ids if not seen[i]])}"))
+        await asyncio.sleep(0.5)  # nothing comes twice, even later
         missed = [i for i in ids if not seen[i]]
         report(f"\npostgres QueueEvents at concurrency 8: missed {len(missed)} of {len(ids)} 'completed' events")
         assert not missed, f"QueueEvents missed {len(missed)} of {len(ids)} events"  # ... not all reach the reader
