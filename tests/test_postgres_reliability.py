@@ -382,3 +382,27 @@ async def test_queue_events_misses_none_of_the_events_of_concurrent_commits(
         await asyncio.wait_for(running, 30)
         await events.close()
         await queue.close()
+
+
+# -- 5. a Queue whose idle pooled sessions the server ended -------------------------------------------------
+async def test_a_queue_whose_idle_pooled_sessions_were_terminated_carries_on(
+        postgres_url: str, pg_migrated: str, queue_name: str) -> None:
+    """The server ends idle sessions in a restart (or pg_terminate_backend): the next calls of a
+    Queue get fresh sessions, not the error of a dead one (psycopg's pool would hand it out)."""
+    queue = Queue(queue_name, connection=postgres_url, schema=pg_migrated)
+    try:
+        await queue.add("a", {})
+        # hold several pooled sessions at once, so the pool keeps them idle afterwards
+        pids = set(await asyncio.gather(*(queue.backend.connection.execute("SELECT pg_backend_pid() AS pid, "
+                                                                          "pg_sleep(0.2)") for _ in range(4))))
+        pids = {r.rows[0]["pid"] for r in pids}  # type: ignore[attr-defined]
+        assert len(pids) >= 2
+        async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as admin:
+            for pid in pids:
+                await admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+        await asyncio.sleep(0.3)  # their FATAL has reached the sockets
+        for i in range(6):  # more calls than dead sessions: none fails
+            assert (await queue.get_job_counts("waiting"))["waiting"] == 1 + i
+            await queue.add("b", {})
+    finally:
+        await queue.close()
