@@ -239,7 +239,12 @@ async def test_a_postgres_restart_mid_run_loses_nothing_and_everyone_listens_aga
 
         # everyone LISTENs again, under Node's names
         wanted = [f"{queue_name}:w:{n}" for n in names] + [f"{queue_name}:qe"]
-        await poll_until(lambda: _all_there(url, wanted), 30, f"the LISTEN sessions {wanted}")
+        async def listed() -> str:
+            async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+                cur = await conn.execute("SELECT application_name, state, left(query, 60) FROM pg_stat_activity "
+                                         "WHERE datname = current_database()")
+                return f"sessions {await cur.fetchall()}"
+        await poll_until(lambda: _all_there(url, wanted), 30, f"the LISTEN sessions {wanted}", listed)
         await asyncio.sleep(0.5)  # let the workers settle into their (60 s) wait
         late = await queue.add("late", {"plan": "ok", "i": -1})
         t0 = time.monotonic()
