@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -83,6 +84,15 @@ async def main() -> None:
                     concurrency=args.concurrency, lock_duration=args.lock_duration,
                     stalled_interval=args.stalled_interval, max_stalled_count=args.max_stalled_count,
                     drain_delay=args.drain_delay, name=args.name)
+    def dump_tasks() -> None:  # SIGUSR1: every task's stack on stderr (what a test that times out shows)
+        import io
+        out = io.StringIO()
+        for task in asyncio.all_tasks():
+            task.print_stack(limit=12, file=out)
+        sys.stderr.write(f"tasks of {os.getpid()}: idle={getattr(worker, '_idle', '?')}\n{out.getvalue()}\n")
+        sys.stderr.flush()
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, dump_tasks)
     worker.on("ready", lambda: say(ready=os.getpid()))
     worker.on("error", lambda err: say(error=f"{type(err).__name__}: {err}", t=now_ms()))
     await worker.run()

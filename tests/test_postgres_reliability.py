@@ -16,7 +16,10 @@ condition, no assertion depends on a tight time window.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
 import random
 import sys
 import time
@@ -243,7 +246,12 @@ async def test_a_postgres_restart_mid_run_loses_nothing_and_everyone_listens_aga
             async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
                 cur = await conn.execute("SELECT application_name, state, left(query, 60) FROM pg_stat_activity "
                                          "WHERE datname = current_database()")
-                return f"sessions {await cur.fetchall()}"
+                found = await cur.fetchall()
+            for proc in procs:  # what each worker is doing, on its stderr
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGUSR1)
+            await asyncio.sleep(1)
+            return f"sessions {found}"
         await poll_until(lambda: _all_there(url, wanted), 30, f"the LISTEN sessions {wanted}", listed)
         await asyncio.sleep(0.5)  # let the workers settle into their (60 s) wait
         late = await queue.add("late", {"plan": "ok", "i": -1})
@@ -255,6 +263,8 @@ async def test_a_postgres_restart_mid_run_loses_nothing_and_everyone_listens_aga
     finally:
         for proc in procs:
             await proc.__aexit__(None, None, None)
+            if "tasks of" in await proc.stderr():
+                print(await proc.stderr())
         await events.close()
         await queue.close()
     starts, ends = read_records(tmp_path)
