@@ -421,3 +421,37 @@ async def test_a_queue_whose_idle_pooled_sessions_were_terminated_carries_on(
             await queue.add("b", {})
     finally:
         await queue.close()
+
+
+# -- 6. the worker's lanes while the server is away ----------------------------------------------------------
+async def test_calls_queued_while_a_lane_fails_to_open_are_not_left_waiting(
+        postgres_url: str, pg_migrated: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With every lane opening (the server away), further calls queue for a lane; when the opening
+    fails, they must fail too (the worker retries them), not wait for a release that never comes
+    (what hung a worker for good after a restart)."""
+    from bullmq_compat._backends.postgres.connection import PostgresConnection
+    from bullmq_compat._backends.postgres.lanes import Lanes
+
+    connection = PostgresConnection(postgres_url, schema=pg_migrated)
+    await connection.connect()
+    lanes = Lanes(connection, 1)
+
+    async def unreachable(self: Lanes) -> Any:
+        await asyncio.sleep(0.2)
+        raise psycopg.OperationalError("connection refused (the server is restarting)")
+
+    monkeypatch.setattr(Lanes, "_open_lane", unreachable)
+    try:
+        first = asyncio.ensure_future(lanes.run("get_counts", ["q"]))
+        await asyncio.sleep(0.05)  # it is opening the only lane: the next call queues
+        queued = asyncio.ensure_future(lanes.run("get_counts", ["q"], batchable=True))
+        done, pending = await asyncio.wait([first, queued], timeout=10)
+        assert not pending, "a queued call was left waiting for a lane"
+        for task in done:
+            assert isinstance(task.exception(), psycopg.OperationalError), task.exception()
+        monkeypatch.undo()  # the server is back: calls go through again
+        rows = await asyncio.wait_for(lanes.run("get_counts", ["q"]), 10)
+        assert rows and "waiting" in rows[0]
+    finally:
+        await lanes.close()
+        await connection.close()
