@@ -312,25 +312,36 @@ class Worker(LockKeepingMixin, QueueBase):
         self._running = True
         self.closing = False
         self._closing_event.clear()
-        while True:  # Redis may not be up yet: wait for it (logged once), as Node's worker does
-            try:
-                await self._ensure_channel()
-                break
-            except (RedisUnavailable, *self.backend.transient_errors) as err:  # type: ignore[misc]
-                if self.closing:
-                    self._running = False
-                    return
-                await self._sleep(self._connection_trouble(err))
-        self._connection_ok()
         loop = asyncio.get_running_loop()
         installed: list[signal.Signals] = []
-        if handle_signals:
+        if handle_signals:  # before connecting: SIGTERM while the server is away stops us gracefully too
             for sig in (signal.SIGTERM, signal.SIGINT):
                 try:
                     loop.add_signal_handler(sig, self._on_signal, sig)
                     installed.append(sig)
                 except (NotImplementedError, RuntimeError, ValueError):
                     pass  # not the main thread, or no signal support: the caller closes us
+        try:
+            await self._run_connected()
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+            self._running = False
+
+    async def _run_connected(self) -> None:
+        while True:  # Redis may not be up yet: wait for it (logged once), as Node's worker does
+            try:
+                await self._ensure_channel()
+                break
+            except (RedisUnavailable, *self.backend.transient_errors) as err:  # type: ignore[misc]
+                if self.closing:
+                    await self._closed.wait()  # close() (a signal's) finishes before we return
+                    return
+                await self._sleep(self._connection_trouble(err))
+                if self.closing:
+                    await self._closed.wait()
+                    return
+        self._connection_ok()
         self._tasks = [asyncio.ensure_future(self._marker_waiter())]
         if not self.skip_lock_renewal:
             self.lock_manager.start()
@@ -343,12 +354,7 @@ class Worker(LockKeepingMixin, QueueBase):
         for _ in range(self._concurrency):
             self._start_slot()
         self.emit("ready")
-        try:
-            await self._closed.wait()
-        finally:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
-            self._running = False
+        await self._closed.wait()
 
     async def _autorun(self) -> None:
         await asyncio.sleep(0)  # let the constructor's caller add listeners first ('ready', 'error')

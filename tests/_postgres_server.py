@@ -85,7 +85,6 @@ class PostgresServer:
     def start(self) -> "PostgresServer":
         self._run(_binary("initdb"), "-D", self.data, "-U", "postgres", "--auth=trust", "-E", "UTF8",
                   "--no-sync")
-        options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir} -c fsync=off"
         if self.ssl_files is not None:
             cert, key = (os.path.join(self.dir, name) for name in ("server.crt", "server.key"))
             for source, target in zip(self.ssl_files, (cert, key)):
@@ -93,13 +92,20 @@ class PostgresServer:
                 os.chmod(target, 0o600)
                 if self._as_postgres:
                     shutil.chown(target, "postgres")
-            options += f" -c ssl=on -c ssl_cert_file={cert} -c ssl_key_file={key}"
         if self.hba is not None:
             hba_file = os.path.join(self.data, "pg_hba.conf")
             with open(hba_file, "w") as f:
                 f.write("\n".join(self.hba) + "\n")
             if self._as_postgres:
                 shutil.chown(hba_file, "postgres")
+        return self.boot()
+
+    def boot(self) -> "PostgresServer":
+        """Start the (already made) cluster on its port and wait until it answers."""
+        options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir} -c fsync=off"
+        if self.ssl_files is not None:
+            cert, key = (os.path.join(self.dir, name) for name in ("server.crt", "server.key"))
+            options += f" -c ssl=on -c ssl_cert_file={cert} -c ssl_key_file={key}"
         self._run(_binary("pg_ctl"), "-D", self.data, "-w", "-l", os.path.join(self.dir, "log"), "-o",
                   options, "start")
         deadline = time.monotonic() + 20
@@ -108,6 +114,10 @@ class PostgresServer:
                 raise RuntimeError(f"the test PostgreSQL did not start on port {self.port}")
             time.sleep(0.1)
         return self
+
+    def halt(self, mode: str = "fast") -> None:
+        """Stop the server (``fast``: every session is terminated, as in a restart), keeping its data."""
+        self._run(_binary("pg_ctl"), "-D", self.data, "-m", mode, "-w", "stop")
 
     def stop(self) -> None:
         with contextlib.suppress(subprocess.CalledProcessError, RuntimeError):

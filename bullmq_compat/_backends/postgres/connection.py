@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import select
 from typing import TYPE_CHECKING, Any, AsyncIterator, Optional, Sequence, Union
 
 from bullmq_compat._errors import InvalidArgument, PostgresUnavailable
@@ -109,6 +110,18 @@ async def session(url_or_pool: Any) -> AsyncIterator["psycopg.AsyncConnection[An
     else:
         raise InvalidArgument(f"connection={url_or_pool!r} must be a postgresql:// URL, a "
                               "psycopg_pool.AsyncConnectionPool or a psycopg.AsyncConnection")
+
+
+def _gone(conn: "psycopg.AsyncConnection[Any]") -> bool:
+    """True when an idle session is closed or has something unread (one select(), no round trip):
+    an idle query session gets nothing unasked but the server's goodbye."""
+    if conn.closed or conn.broken:
+        return True
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
 
 
 class PostgresConnection:
@@ -217,8 +230,29 @@ class PostgresConnection:
     async def execute(self, text: str, params: Sequence[Any] = ()) -> sql.Result:
         if self._pool is None:
             await self.connect()
-        async with self.pool.connection() as conn:
+        async with self._pooled() as conn:
             return await sql.execute(conn, text, params)
+
+    @contextlib.asynccontextmanager
+    async def _pooled(self) -> AsyncIterator["psycopg.AsyncConnection[Any]"]:
+        """A pooled session the server has not already ended. After a server restart (or
+        pg_terminate_backend) every idle session in the pool is dead; node-postgres drops such idle
+        clients as their socket errors, psycopg's pool hands them out. So one that has anything
+        unread while idle (the server's FATAL, or EOF) is given back to be discarded, not used."""
+        pool = self.pool
+        for _ in range(self._max_size if self._owns_pool else POOL_MAX_SIZE):
+            conn = await pool.getconn()
+            if not _gone(conn):
+                break
+            with contextlib.suppress(Exception):
+                await conn.close()
+            await pool.putconn(conn)  # closed: the pool discards it and opens another
+        else:
+            conn = await pool.getconn()
+        try:
+            yield conn
+        finally:
+            await pool.putconn(conn)
 
     async def open_listen_session(self, application_name: Optional[str] = None
                                   ) -> "psycopg.AsyncConnection[Any]":

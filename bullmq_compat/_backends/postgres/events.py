@@ -25,6 +25,7 @@ from bullmq_compat._backends.base import EventsReader
 from bullmq_compat._backends.postgres import rows, sql
 from bullmq_compat._backends.postgres.worker import is_connection_error, transient
 from bullmq_compat._errors import InvalidArgument
+from bullmq_compat._backends.postgres.rows import now_ms as rows_now_ms
 
 if TYPE_CHECKING:
     import psycopg
@@ -37,6 +38,18 @@ EVENTS_CHANNEL = "bullmq_events"
 READ_BATCH = 100
 
 Entry = tuple[str, dict[str, str]]
+
+#: a page of events past a cursor (upstream's ``read_events``) with the snapshot it was read in
+READ_WITH_SNAPSHOT = (
+    "SELECT pg_snapshot_xmin(s.snap)::text AS xmin, pg_snapshot_xmax(s.snap)::text AS xmax, e.id, e.event, e.data "
+    "FROM (SELECT pg_current_snapshot() AS snap) s LEFT JOIN LATERAL ("
+    "SELECT id, event, data FROM event WHERE queue = $1 AND id > $2 ORDER BY id ASC LIMIT $3) e ON true")
+#: an event id still not committed after this long is not waited for any more (ms)
+SETTLE_CAP_MS = 5000
+#: a transaction that took an event id has its xid this soon after (ms)
+XID_GRACE_MS = 200
+#: while a read may still be overtaken by a late commit, look again this soon (s)
+UNSETTLED_POLL_S = 0.05
 
 
 def cursor_of(event_id: str) -> int:
@@ -72,6 +85,12 @@ class PostgresEventsReader(EventsReader):
         self.conn: Optional["psycopg.AsyncConnection[Any]"] = None
         self.opened = 0  # sessions opened so far
         self._closed = False
+        # what `_fetch_new` keeps: ids <= _floor are settled; _returned the ids above it handed out;
+        # _marks (highest id read, when, the xmax to wait for) not settled yet; _last the caller's position
+        self._floor = 0
+        self._last: Optional[int] = None
+        self._returned: set[int] = set()
+        self._marks: list[tuple[int, int, Optional[int]]] = []
 
     async def _session(self) -> "psycopg.AsyncConnection[Any]":
         if self.conn is None or self.conn.closed:
@@ -108,33 +127,77 @@ class PostgresEventsReader(EventsReader):
         result = await self._on_session(sql.command("read_events_max"), [self.queue])
         return str(result.rows[0]["max"])
 
-    async def _fetch_all(self, cursor: int) -> list[Entry]:
+    async def _fetch_all(self, cursor: int) -> tuple[list[Entry], int, int]:
+        """Every committed event past ``cursor``, with the oldest xmin and newest xmax of the
+        snapshots the pages were read in."""
         entries: list[Entry] = []
-        text = sql.command("read_events")
+        xmin: Optional[int] = None
+        xmax = 0
         while True:
-            page = (await self._on_session(text, [self.queue, cursor, READ_BATCH])).rows
+            page = (await self._on_session(READ_WITH_SNAPSHOT, [self.queue, cursor, READ_BATCH])).rows
+            xmin = int(page[0]["xmin"]) if xmin is None else xmin
+            xmax = max(xmax, int(page[0]["xmax"]))
+            page = [row for row in page if row["id"] is not None]
             for row in page:
                 entries.append((str(row["id"]), entry_fields(row["event"], row["data"])))
             if len(page) < READ_BATCH:
-                return entries
+                return entries, xmin, xmax
             cursor = int(page[-1]["id"])
+
+    async def _fetch_new(self) -> list[Entry]:
+        """The events not returned yet, lowest id first -- those committed late included.
+
+        Event ids come from a sequence when the row is inserted, so transactions commit out of id
+        order: a read that sees id N may not see N-1 yet, and a cursor past N never would
+        (Node's reader has that gap). So ids above ``_floor`` are read again until every
+        transaction that could hold a lower id has ended: one takes its xid only at its first
+        write, maybe just after its id, so the xmax of a snapshot XID_GRACE_MS after the read is
+        waited for (a later snapshot's xmin reaches it; at most SETTLE_CAP_MS). The ids returned
+        meanwhile are skipped.
+        """
+        rows, xmin, xmax = await self._fetch_all(self._floor)
+        now = rows_now_ms()
+        fresh = [(i, f) for i, f in rows if int(i) not in self._returned]
+        highest = max((int(i) for i, _ in rows), default=self._floor)
+        if highest > self._floor:
+            self._marks.append((highest, now, None))
+        settled, pending = self._floor, []
+        for top, at, confirm in self._marks:
+            if confirm is None and now - at >= XID_GRACE_MS:
+                confirm = xmax  # every transaction holding an id <= top has its xid by now: below this
+            if (confirm is not None and xmin >= confirm) or now - at >= SETTLE_CAP_MS:
+                settled = max(settled, top)
+            else:
+                pending.append((top, at, confirm))
+        self._marks = [m for m in pending if m[0] > settled]
+        self._returned.update(int(i) for i, _ in fresh)
+        self._floor = settled
+        self._returned = {i for i in self._returned if i > settled}
+        if fresh:
+            self._last = int(fresh[-1][0])
+        return fresh
 
     async def read(self, after_id: str, block_ms: int) -> list[Entry]:
         """Every event after ``after_id`` ("$": after the newest now); when there is none yet, wait
-        up to ``block_ms`` (0: until one comes) for a NOTIFY of our queue and read again."""
+        up to ``block_ms`` (0: until one comes) for a NOTIFY of our queue and read again. Events
+        committed after later ones come late (out of id order), never lost, never twice."""
         if self._closed:
             return []
         cursor = int(await self.last_id()) if after_id == "$" else cursor_of(after_id)
-        entries = await self._fetch_all(cursor)  # LISTEN is on before this read: no event slips by
+        if cursor != self._last:  # a position we did not hand out: start from it, all settled
+            self._floor, self._last, self._returned, self._marks = cursor, cursor, set(), []
+        entries = await self._fetch_new()  # LISTEN is on before this read: no event slips by
         deadline = time.monotonic() + block_ms / 1000 if block_ms and block_ms > 0 else None
         while not entries and not self._closed:
             # a NOTIFY names only the queue: a queue of that name in another schema wakes us too
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 break
+            if self._marks:  # a late commit may still come, and need not NOTIFY (coalesced): look again soon
+                left = UNSETTLED_POLL_S if left is None else min(left, UNSETTLED_POLL_S)
             await self._wait(left)
             if not self._closed:
-                entries = await self._fetch_all(cursor)
+                entries = await self._fetch_new()
         return [] if self._closed else entries
 
     async def _wait(self, timeout: Optional[float]) -> None:

@@ -255,6 +255,10 @@ class Lanes:
                 return await self._open_lane()
             except BaseException:
                 self._open -= 1
+                if self._queue and not self._closed:
+                    # calls queued while this lane was opening wait for a lane to be released, and
+                    # none will be (the server is away): let them try now, and fail if it still is
+                    asyncio.ensure_future(self._drain())
                 raise
         return None
 

@@ -1,0 +1,457 @@
+"""Reliability on PostgreSQL, as tests/test_chaos.py and tests/test_redis_faults.py are on Redis:
+
+- SIGKILLed worker processes mid-run: their jobs come back by stalled recovery, none is lost, every
+  repeated run is explained by a kill;
+- a PostgreSQL restart mid-run (our own throw-away cluster, never the shared server): the workers
+  and QueueEvents reconnect and LISTEN again, nothing is lost, every job's final event is seen once;
+- the LISTEN sessions killed with ``pg_terminate_backend``: an idle worker (and QueueEvents) whose
+  block timeout is a minute still wakes for a new job within a few seconds.
+
+Workers are tests/pg_chaos_worker_proc.py processes (records in files of their own, so a record
+never depends on the database under test); jobs follow tests/chaos_helpers.py's plans and
+`check_runs` checks the same invariants as the Redis soak. Figures go to
+test-artifacts/reliability.txt. Bounds are generous (the machine is shared): waits poll for a
+condition, no assertion depends on a tight time window.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import random
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, AsyncIterator, Iterator, Sequence
+
+import psycopg
+import pytest
+
+from bullmq_compat import Queue, QueueEvents, Worker, migrate_postgres
+from tests._postgres_server import PostgresServer
+from tests.chaos_helpers import add_plan, check_runs, now_ms, plan_jobs, poll_until, proc_lines, report, stdout_of
+from tests.group_helpers import Proc
+
+
+# -- helpers ------------------------------------------------------------------------------------------
+def pg_worker(url: str, schema: str, queue: str, rec_dir: Path, *, name: str, concurrency: int = 4,
+              lock_duration: int = 1000, stalled_interval: int = 500, max_stalled_count: int = 1000,
+              drain_delay: float = 5) -> Proc:
+    return Proc(sys.executable, "-m", "tests.pg_chaos_worker_proc", url, schema, queue, "--rec", str(rec_dir),
+                "--concurrency", str(concurrency), "--lock-duration", str(lock_duration),
+                "--stalled-interval", str(stalled_interval), "--max-stalled-count", str(max_stalled_count),
+                "--drain-delay", str(drain_delay), "--name", name)
+
+
+def read_records(rec_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    starts: list[dict[str, Any]] = []
+    ends: list[dict[str, Any]] = []
+    for path in sorted(rec_dir.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+            except ValueError:  # a line cut by a SIGKILL mid-write (write(2) of a short line: not seen)
+                continue
+            (starts if entry.pop("k") == "start" else ends).append(entry)
+    return starts, ends
+
+
+async def pg_final_states(url: str, schema: str, queue: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """id -> {"state", "atm", "returnvalue", "failedReason", "stc", "ats"}, as chaos_helpers.final_states."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute(
+            f'SELECT id, state::text, attempts_made, return_value, failed_reason, stalled_count, attempts_started '
+            f'FROM "{schema}".job WHERE queue = %s', [queue])
+        rows = {r[0]: r for r in await cur.fetchall()}
+    out: dict[str, dict[str, Any]] = {}
+    for job_id in ids:
+        r = rows.get(job_id)
+        state = r[1] if r is not None and r[1] in ("completed", "failed") else "unfinished"
+        out[job_id] = {"state": state, "atm": r[2] if r else 0, "returnvalue": r[3] if r else None,
+                       "failedReason": r[4] if r else None, "stc": r[5] if r else 0, "ats": r[6] if r else 0}
+    return out
+
+
+async def pg_finish_events(url: str, schema: str, queue: str) -> dict[str, Counter]:
+    """'completed'/'failed'/'stalled' events per job id, from the queue's whole event table."""
+    counts: dict[str, Counter] = {"completed": Counter(), "failed": Counter(), "stalled": Counter()}
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute(f'SELECT event, data->>\'jobId\' FROM "{schema}".event WHERE queue = %s '
+                                 "AND event IN ('completed', 'failed', 'stalled')", [queue])
+        for event, job_id in await cur.fetchall():
+            counts[event][job_id] += 1
+    return counts
+
+
+async def sessions(url: str, *names: str) -> dict[str, int]:
+    """How many sessions of the database have each application_name."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute("SELECT application_name, count(*)::int FROM pg_stat_activity "
+                                 "WHERE datname = current_database() AND application_name = ANY(%s) "
+                                 "GROUP BY application_name", [list(names)])
+        found = dict(await cur.fetchall())
+    return {name: found.get(name, 0) for name in names}
+
+
+async def terminate(url: str, application_name: str) -> int:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute("SELECT count(pg_terminate_backend(pid))::int FROM pg_stat_activity "
+                                 "WHERE datname = current_database() AND application_name = %s", [application_name])
+        row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def finished_count(queue: Queue) -> int:
+    counts = await queue.get_job_counts("completed", "failed")
+    return counts["completed"] + counts["failed"]
+
+
+async def worker_errors(procs: Sequence[Proc]) -> list[str]:
+    return [line["error"] for proc in procs for line in proc_lines(await stdout_of(proc)) if "error" in line]
+
+
+# -- 1. SIGKILLed workers ----------------------------------------------------------------------------------
+CRASH_JOBS = 400
+CRASH_WORKERS = 3
+KILL_EVERY = (0.4, 1.0)  # seconds between kills
+MAX_KILLS = 12
+
+
+async def test_sigkilled_workers_lose_no_job_and_stalled_jobs_come_back(
+        postgres_url: str, pg_migrated: str, queue_name: str, tmp_path: Path) -> None:
+    """Three worker processes (concurrency 4, lock 1 s, stalled check every 0.5 s); one is SIGKILLed
+    0.4-1 s after the last replacement was ready, and restarted at once (a start takes a second or
+    two here: 4-6 kills in a run). Every job ends as its handler decided, exactly once in the
+    events; every duplicate is a run of a killed process; losses = 0."""
+    schema = pg_migrated
+    rng = random.Random(20261201)
+    plan = plan_jobs(CRASH_JOBS, seed=17, grouped=0, ms=(100, 300))
+    queue = Queue(queue_name, connection=postgres_url, schema=schema)
+    procs: list[Proc] = []
+    retired: list[Proc] = []
+    kills: dict[int, int] = {}
+    restarts = 0
+    try:
+        await add_plan(queue, plan)
+        started = time.monotonic()
+        for i in range(CRASH_WORKERS):
+            procs.append(await pg_worker(postgres_url, schema, queue_name, tmp_path, name=f"crash{i}").__aenter__())
+        while len(kills) < MAX_KILLS and await finished_count(queue) < CRASH_JOBS:
+            await asyncio.sleep(rng.uniform(*KILL_EVERY))
+            k = rng.randrange(CRASH_WORKERS)
+            victim = procs[k]
+            kills[victim.pid] = await victim.kill()
+            retired.append(victim)
+            procs[k] = await pg_worker(postgres_url, schema, queue_name, tmp_path, name=f"crash{k}").__aenter__()
+            restarts += 1
+
+        async def progress() -> str:
+            return f"counts {await queue.get_job_counts()}"
+
+        await poll_until(lambda: _ge(finished_count(queue), CRASH_JOBS), 60, f"all {CRASH_JOBS} jobs to finish",
+                         progress)
+        seconds = time.monotonic() - started
+        counts = await queue.get_job_counts()
+    finally:
+        for proc in procs + retired:
+            await proc.__aexit__(None, None, None)
+        await queue.close()
+    starts, ends = read_records(tmp_path)
+    states = await pg_final_states(postgres_url, schema, queue_name, plan.ids)
+    events = await pg_finish_events(postgres_url, schema, queue_name)
+    errors = await worker_errors(procs + retired)
+    figures = check_runs(plan, states, starts, ends, kills, events)
+    figures.restarts = restarts
+    figures.seconds = seconds
+    report(f"\npostgres worker crash: {figures.line()}; worker 'error' events {len(errors)}")
+    assert counts == {**{state: 0 for state in counts}, "completed": figures.completed, "failed": figures.failed}
+    assert figures.kills == restarts >= 4, f"only {figures.kills} kills happened"
+    assert figures.killed_runs > 0, "no kill hit a running job: the test proved nothing"
+    assert figures.losses == 0 and figures.unexplained == 0
+
+
+async def _ge(count: Any, n: int) -> bool:
+    return bool(await count >= n)
+
+
+# -- 2. a PostgreSQL restart -------------------------------------------------------------------------------
+@pytest.fixture
+def own_postgres() -> Iterator[PostgresServer]:
+    """A throw-away cluster of our own (initdb + pg_ctl on a free port): this one we may restart."""
+    server = PostgresServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+RESTART_JOBS = 300
+RESTART_DOWN_S = 1.0
+
+
+async def test_a_postgres_restart_mid_run_loses_nothing_and_everyone_listens_again(
+        own_postgres: PostgresServer, queue_name: str, tmp_path: Path) -> None:
+    """Two worker processes and a QueueEvents; PostgreSQL is stopped (``-m fast``: every session
+    cut) a third of the way through, and started again a second later. Every job ends as its handler
+    decided, QueueEvents sees each final event once; afterwards the idle workers (block timeout
+    60 s) and QueueEvents (60 s) wake for a new job within 5 s: they LISTEN again."""
+    url, schema = own_postgres.url, "reliability"
+    await migrate_postgres(url, schema)
+    plan = plan_jobs(RESTART_JOBS, seed=23, grouped=0, ms=(30, 120))
+    queue = Queue(queue_name, connection=url, schema=schema)
+    events = QueueEvents(queue_name, url, schema=schema, blocking_timeout=60_000)
+    seen: dict[str, Counter] = {"completed": Counter(), "failed": Counter()}
+    events.on("completed", lambda args: seen["completed"].update([args["jobId"]]))
+    events.on("failed", lambda args: seen["failed"].update([args["jobId"]]))
+    names = [f"rw{i}" for i in range(2)]
+    procs: list[Proc] = []
+    window = (0, 0)
+    try:
+        await events.wait_until_ready()
+        for name in names:
+            procs.append(await pg_worker(url, schema, queue_name, tmp_path, name=name, lock_duration=2000,
+                                         stalled_interval=1000, drain_delay=60).__aenter__())
+        await add_plan(queue, plan)
+        await poll_until(lambda: _ge(finished_count(queue), RESTART_JOBS // 3), 60, "a third of the jobs")
+        before = await finished_count(queue)
+        t_down = now_ms()
+        await asyncio.to_thread(own_postgres.halt, "fast")
+        await asyncio.sleep(RESTART_DOWN_S)
+        await asyncio.to_thread(own_postgres.boot)
+        t_up = now_ms()
+        window = (t_down, t_up)
+        await poll_until(lambda: _ge(finished_count(queue), RESTART_JOBS), 60, f"all {RESTART_JOBS} jobs to finish")
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            cur = await conn.execute(f'SELECT min(finished_at_ms) FROM "{schema}".job WHERE queue = %s '
+                                     "AND finished_at_ms > %s", [queue_name, t_up])
+            first_after = (await cur.fetchone())[0]  # type: ignore[index]
+        reconnect_ms = first_after - t_up
+
+        # every final event reached QueueEvents (it resumed from its cursor), once
+        def all_seen() -> bool:
+            return sum(seen["completed"].values()) + sum(seen["failed"].values()) >= RESTART_JOBS
+
+        async def seen_so_far() -> str:
+            return f"seen {sum(seen['completed'].values())} completed, {sum(seen['failed'].values())} failed"
+        await poll_until(lambda: _true(all_seen()), 30, "QueueEvents to see every final event", seen_so_far)
+
+        # everyone LISTENs again, under Node's names
+        wanted = [f"{queue_name}:w:{n}" for n in names] + [f"{queue_name}:qe"]
+        async def listed() -> str:
+            async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+                cur = await conn.execute("SELECT application_name, state, left(query, 60) FROM pg_stat_activity "
+                                         "WHERE datname = current_database()")
+                found = await cur.fetchall()
+            for proc in procs:  # what each worker is doing, on its stderr
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGUSR1)
+            await asyncio.sleep(1)
+            return f"sessions {found}"
+        await poll_until(lambda: _all_there(url, wanted), 30, f"the LISTEN sessions {wanted}", listed)
+        await asyncio.sleep(0.5)  # let the workers settle into their (60 s) wait
+        late = await queue.add("late", {"plan": "ok", "i": -1})
+        t0 = time.monotonic()
+        await poll_until(lambda: _state_is(queue, str(late.id), "completed"), 15, "the late job")
+        late_s = time.monotonic() - t0
+        await poll_until(lambda: _true(seen["completed"][str(late.id)] == 1), 15, "the late job's event")
+        late_event_s = time.monotonic() - t0
+    finally:
+        for proc in procs:
+            await proc.__aexit__(None, None, None)
+            if "tasks of" in await proc.stderr():
+                print(await proc.stderr())
+        await events.close()
+        await queue.close()
+    starts, ends = read_records(tmp_path)
+    starts = [s for s in starts if s["id"] != str(late.id)]
+    ends = [e for e in ends if e["id"] != str(late.id)]
+    states = await pg_final_states(url, schema, queue_name, plan.ids)
+    table_events = await pg_finish_events(url, schema, queue_name)
+    errors = await worker_errors(procs)
+    figures = check_runs(plan, states, starts, ends, {}, table_events, windows=[window])
+    figures.seconds = (window[1] - window[0]) / 1000
+    report(f"\npostgres restart: {figures.short()} finished_before_restart={before} "
+           f"down_ms={window[1] - window[0]} first_finish_after_up_ms={reconnect_ms} "
+           f"late_job_s={late_s:.2f} late_event_s={late_event_s:.2f} worker_error_events={len(errors)}")
+    print(f"worker 'error' events: {sorted(set(e[:100] for e in errors))[:5]}")
+    assert before < RESTART_JOBS, "everything finished before the restart: it proved nothing"
+    assert figures.losses == 0 and figures.unexplained == 0
+    want = {"completed": Counter(), "failed": Counter()}
+    for i, job_id in enumerate(plan.ids):
+        want["completed" if plan.spec(i)["plan"] in ("ok", "retry") else "failed"][job_id] += 1
+    want["completed"][str(late.id)] += 1
+    missed = [job_id for kind in want for job_id in want[kind] if not seen[kind][job_id]]
+    report(f"postgres restart: QueueEvents missed {len(missed)} of {RESTART_JOBS + 1} final events, "
+           f"saw {sum(n - 1 for kind in seen for n in seen[kind].values())} twice")
+    assert seen == want, "QueueEvents missed or repeated final events"
+    assert reconnect_ms < 30_000
+    assert late_s < 5 and late_event_s < 5, (late_s, late_event_s)
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def _text(value: str) -> str:
+    return value
+
+
+async def _all_there(url: str, names: Sequence[str]) -> bool:
+    return all(n >= 1 for n in (await sessions(url, *names)).values())
+
+
+async def _state_is(queue: Queue, job_id: str, state: str) -> bool:
+    return bool(await queue.get_job_state(job_id) == state)
+
+
+# -- 3. the LISTEN sessions killed -------------------------------------------------------------------------
+async def test_an_idle_worker_whose_listen_session_was_terminated_still_wakes_for_a_new_job(
+        postgres_url: str, pg_migrated: str, queue_name: str) -> None:
+    """A Worker (drain_delay 60 s) and a QueueEvents (blocking 60 s) idle in their LISTEN waits;
+    their LISTEN sessions are terminated; a job added then is processed, and its event seen, within
+    5 s — not after the minute-long block timeout. Twice, so the rebuilt sessions hold up too."""
+    schema = pg_migrated
+    done: dict[str, float] = {}
+    seen: dict[str, float] = {}
+
+    async def process(job: Any) -> Any:
+        return {"i": job.data["i"]}
+
+    queue = Queue(queue_name, connection=postgres_url, schema=schema)
+    worker = Worker(queue_name, process, connection=postgres_url, schema=schema, name="lw", concurrency=2,
+                    drain_delay=60)
+    events = QueueEvents(queue_name, postgres_url, schema=schema, blocking_timeout=60_000)
+    worker.on("completed", lambda job, *_: done.__setitem__(str(job.id), time.monotonic()))
+    events.on("completed", lambda args: seen.__setitem__(args["jobId"], time.monotonic()))
+    worker_errors_seen: list[str] = []
+    worker.on("error", lambda err: worker_errors_seen.append(f"{type(err).__name__}: {err}"))
+    running = asyncio.ensure_future(worker.run(handle_signals=False))
+    w_name, qe_name = f"{queue_name}:w:lw", f"{queue_name}:qe"
+    timings: list[tuple[float, float]] = []
+    try:
+        await events.wait_until_ready()
+        await poll_until(lambda: _all_there(postgres_url, [w_name, qe_name]), 30, "the LISTEN sessions")
+        first = await queue.add("x", {"i": 0})
+        await poll_until(lambda: _true(str(first.id) in done and str(first.id) in seen), 15, "the first job")
+        for round_ in range(1, 3):
+            await asyncio.sleep(0.5)  # idle again: both are in their 60 s wait
+            assert await terminate(postgres_url, w_name) == 1
+            assert await terminate(postgres_url, qe_name) == 1
+            job = await queue.add("x", {"i": round_})
+            t0 = time.monotonic()
+            await poll_until(lambda: _true(str(job.id) in done and str(job.id) in seen), 15,
+                             f"job {job.id} after the LISTEN sessions were terminated (round {round_})")
+            timings.append((done[str(job.id)] - t0, seen[str(job.id)] - t0))
+            # the sessions came back under their names (what Node's getWorkers / getQueueEvents read)
+            await poll_until(lambda: _all_there(postgres_url, [w_name, qe_name]), 15, "the rebuilt LISTEN sessions")
+        assert [w["rawname"] for w in await queue.get_workers()] == [w_name]
+        assert [e["rawname"] for e in await queue.get_queue_events()] == [qe_name]
+    finally:
+        await worker.close()
+        await asyncio.wait_for(running, 30)
+        await events.close()
+        await queue.close()
+    report(f"\npostgres LISTEN terminated: wake after termination (worker s, events s) "
+           f"{[(round(a, 2), round(b, 2)) for a, b in timings]}; worker 'error' events {len(worker_errors_seen)}")
+    assert all(a < 5 and b < 5 for a, b in timings), timings
+
+
+# -- 4. QueueEvents and events committed out of id order (no fault needed) ---------------------------------
+async def test_queue_events_misses_none_of_the_events_of_concurrent_commits(
+        postgres_url: str, pg_migrated: str, queue_name: str) -> None:
+    """Event ids come from a sequence at insert; eight slots commit out of id order, so a reader
+    that saw id N may not have seen N-1 yet (Node's cursor would skip it for good: before the
+    reader waited for late commits, 4-7% of these 500 'completed' events were missed here)."""
+    schema = pg_migrated
+    queue = Queue(queue_name, connection=postgres_url, schema=schema)
+    events = QueueEvents(queue_name, postgres_url, schema=schema, blocking_timeout=60_000)
+    seen: Counter = Counter()
+    events.on("completed", lambda args: seen.update([args["jobId"]]))
+
+    async def process(job: Any) -> Any:
+        await asyncio.sleep(0.01)
+        return 1
+
+    worker = Worker(queue_name, process, connection=postgres_url, schema=schema, concurrency=8)
+    running = asyncio.ensure_future(worker.run(handle_signals=False))
+    try:
+        await events.wait_until_ready()
+        ids = [str(j.id) for j in await queue.add_bulk([{"name": "n", "data": {}} for _ in range(500)])]
+        await poll_until(lambda: _ge(finished_count(queue), 500), 60, "500 jobs")
+        table = await pg_finish_events(postgres_url, schema, queue_name)
+        assert all(table["completed"][i] == 1 for i in ids)  # every event is in the table ...
+        await poll_until(lambda: _true(all(seen[i] for i in ids)), 15, "QueueEvents to see all 500",
+                         lambda: _text(f"missed {len([i for i in ids if not seen[i]])}"))
+        await asyncio.sleep(0.5)  # nothing comes twice, even later
+        missed = [i for i in ids if not seen[i]]
+        report(f"\npostgres QueueEvents at concurrency 8: missed {len(missed)} of {len(ids)} 'completed' events")
+        assert not missed, f"QueueEvents missed {len(missed)} of {len(ids)} events"  # ... not all reach the reader
+        assert all(n == 1 for n in seen.values())
+    finally:
+        await worker.close()
+        await asyncio.wait_for(running, 30)
+        await events.close()
+        await queue.close()
+
+
+# -- 5. a Queue whose idle pooled sessions the server ended -------------------------------------------------
+async def test_a_queue_whose_idle_pooled_sessions_were_terminated_carries_on(
+        postgres_url: str, pg_migrated: str, queue_name: str) -> None:
+    """The server ends idle sessions in a restart (or pg_terminate_backend): the next calls of a
+    Queue get fresh sessions, not the error of a dead one (psycopg's pool would hand it out)."""
+    queue = Queue(queue_name, connection=postgres_url, schema=pg_migrated)
+    try:
+        await queue.add("a", {})
+        # hold several pooled sessions at once, so the pool keeps them idle afterwards
+        pids = set(await asyncio.gather(*(queue.backend.connection.execute("SELECT pg_backend_pid() AS pid, "
+                                                                          "pg_sleep(0.2)") for _ in range(4))))
+        pids = {r.rows[0]["pid"] for r in pids}  # type: ignore[attr-defined]
+        assert len(pids) >= 2
+        async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as admin:
+            for pid in pids:
+                await admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+        await asyncio.sleep(0.3)  # their FATAL has reached the sockets
+        for i in range(6):  # more calls than dead sessions: none fails
+            assert (await queue.get_job_counts("waiting"))["waiting"] == 1 + i
+            await queue.add("b", {})
+    finally:
+        await queue.close()
+
+
+# -- 6. the worker's lanes while the server is away ----------------------------------------------------------
+async def test_calls_queued_while_a_lane_fails_to_open_are_not_left_waiting(
+        postgres_url: str, pg_migrated: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With every lane opening (the server away), further calls queue for a lane; when the opening
+    fails, they must fail too (the worker retries them), not wait for a release that never comes
+    (what hung a worker for good after a restart)."""
+    from bullmq_compat._backends.postgres.connection import PostgresConnection
+    from bullmq_compat._backends.postgres.lanes import Lanes
+
+    connection = PostgresConnection(postgres_url, schema=pg_migrated)
+    await connection.connect()
+    lanes = Lanes(connection, 1)
+
+    async def unreachable(self: Lanes) -> Any:
+        await asyncio.sleep(0.2)
+        raise psycopg.OperationalError("connection refused (the server is restarting)")
+
+    monkeypatch.setattr(Lanes, "_open_lane", unreachable)
+    try:
+        first = asyncio.ensure_future(lanes.run("get_counts", ["q"]))
+        await asyncio.sleep(0.05)  # it is opening the only lane: the next call queues
+        queued = asyncio.ensure_future(lanes.run("get_counts", ["q"], batchable=True))
+        done, pending = await asyncio.wait([first, queued], timeout=10)
+        assert not pending, "a queued call was left waiting for a lane"
+        for task in done:
+            assert isinstance(task.exception(), psycopg.OperationalError), task.exception()
+        monkeypatch.undo()  # the server is back: calls go through again
+        rows = await asyncio.wait_for(lanes.run("get_counts", ["q"]), 10)
+        assert rows and "waiting" in rows[0]
+    finally:
+        await lanes.close()
+        await connection.close()
