@@ -16,7 +16,7 @@ from tests.node_scripts import run_script
 
 pytestmark = pytest.mark.node
 
-TTL_TOLERANCE_MS = 120
+TTL_TOLERANCE_MS = 1000  # both sides set a TTL of seconds; a busy machine runs the steps hundreds of ms apart
 
 
 def add(data: Any, delay: int = 0, **dedup: Any) -> dict[str, Any]:
