@@ -376,6 +376,8 @@ def run_one(impl: Impl, m: Measurement, target: Target) -> dict[str, Any]:
         run.update(redis_figures(out))
         run["redisCmdUsPerJob"] = run["redisTopUsec"] / jobs
         run["redisCpuUsPerJob"] = run["redisCpuUsec"] / jobs
+    if schema is not None:
+        run["schema"] = schema
     if m.is_latency:
         lat = out.get("latenciesMs") or []
         if len(lat) != jobs:
