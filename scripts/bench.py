@@ -25,9 +25,10 @@ one's own PostgreSQL backend -- Node's (bullmq's createPostgresBackend, migrate:
 schema bench_<hex>, created and migrated by the client itself before the timed section and
 dropped after the run. No server figures there (the Redis columns have no counterpart).
 
-  pg-add          PostgreSQL: add one at a time (3,000 jobs, sequential awaits)
+  pg-add          PostgreSQL: add one at a time (2,000 jobs, sequential awaits)
   pg-add-bulk     PostgreSQL: add_bulk (10,000 jobs in batches of 1,000)
-  pg-process-cN   PostgreSQL: worker c=N (5,000 pre-loaded no-op jobs, jobs kept; N = 1, 10)
+  pg-process-cN   PostgreSQL: worker c=N (3,000 pre-loaded no-op jobs, jobs kept; N = 1, 10)
+                  (--quick: 300, 1,000 and 1,000 jobs; --jobs sets all three, as for Redis)
 
 Measurements (job counts for the default run; --quick: fewer jobs and 1 round):
   add            10,000 jobs added one at a time (sequential awaits)
@@ -411,7 +412,7 @@ def postgres_measurements(args: argparse.Namespace) -> list[Measurement]:
     if args.quick:
         n_add, n_bulk, n_proc = 300, 1000, 1000
     else:
-        n_add, n_bulk, n_proc = 3000, 10_000, 5000
+        n_add, n_bulk, n_proc = 2000, 10_000, 3000
     if args.jobs:
         n_add = n_bulk = n_proc = args.jobs
     out = [
