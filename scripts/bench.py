@@ -601,7 +601,15 @@ def postgres_note(plan: list[Measurement], summary: dict[str, Any], machine: dic
         lines.append(f"  {title:<38} ours {ratio:.2f}x{per_round}{verdict}{off}")
         if target is not None and ratio < target:
             share = ours["clientCpuShare"]["median"]
-            if share >= 0.85:
+            # per job: how much longer ours takes than Node, and how much more CPU it spends
+            extra_wall = 1e6 / ours["jobsPerSec"]["median"] - 1e6 / node["jobsPerSec"]["median"]
+            extra_cpu = ours["clientCpuUsPerJob"]["median"] - node["clientCpuUsPerJob"]["median"]
+            if extra_wall > 0 and extra_cpu >= 0.4 * extra_wall:
+                why = (f"client CPU: {ours['clientCpuUsPerJob']['median']:.0f} us/job against Node's "
+                       f"{node['clientCpuUsPerJob']['median']:.0f}, spent while no statement is in flight; the "
+                       f"{extra_cpu:.0f} us more are {min(100.0, 100 * extra_cpu / extra_wall):.0f}% of the "
+                       f"{extra_wall:.0f} us/job by which ours is slower")
+            elif share >= 0.85:
                 why = (f"our process is CPU-bound ({share * 100:.0f}% of a core, "
                        f"{ours['clientCpuUsPerJob']['median']:.0f} us/job)")
             else:
