@@ -14,9 +14,12 @@
 //   redisCpuAfter, latenciesMs?}. CPU is process.cpuUsage() over the timed section only; the
 //   Redis figures are the raw INFO texts, parsed by scripts/bench.py (same parser for every client).
 //   Every job is {name: "bench", data: {i}} with no options: the same work as the Python runners.
+// With {postgres: url, schema} instead of redis: Node's own PostgreSQL backend (interop/backend.js,
+//   migrate: true, so the queue creates the schema as it connects, untimed), no Redis figures.
 
 const IORedis = require('ioredis');
-const { Queue, Worker } = require('bullmq');
+const bullmq = require('bullmq');
+const { open } = require('./backend');
 
 const JOB_NAME = 'bench';
 
@@ -48,6 +51,29 @@ class RedisStats {
   async close() {
     await this.client.quit();
   }
+}
+
+/** Stands in for RedisStats on PostgreSQL: no server figures. */
+class NoStats {
+  async reset() {}
+  async read() { return {}; }
+  async close() {}
+}
+
+/** The classes and constructor options for the args' datastore. */
+function datastore(args) {
+  if (!args.postgres) {
+    return {
+      Queue: bullmq.Queue,
+      Worker: bullmq.Worker,
+      options: (extra = {}) => ({ ...extra, connection: connectionOf(args.redis) }),
+      stats: () => new RedisStats(args.redis),
+      close: async () => {},
+    };
+  }
+  const b = open({ postgres: args.postgres, schema: args.schema, migrate: true });
+  return { Queue: b.Queue, Worker: b.Worker, options: (extra = {}) => b.options(extra), stats: () => new NoStats(),
+    close: () => b.close() };
 }
 
 class Meter {
@@ -93,18 +119,18 @@ async function opAddBulk(args, queue, stats, meter) {
   return {};
 }
 
-function workerOptions(args) {
-  const opts = { connection: connectionOf(args.redis), concurrency: args.concurrency || 1, autorun: false };
+function workerOptions(args, ds) {
+  const opts = ds.options({ concurrency: args.concurrency || 1, autorun: false });
   if (args.removeOnComplete) opts.removeOnComplete = { count: 0 };
   return opts;
 }
 
-async function opProcess(args, queue, stats, meter) {
+async function opProcess(args, queue, stats, meter, ds) {
   await preload(queue, args.jobs, args.batch || 1000);
   let done = 0;
   let finished;
   const allDone = new Promise((resolve) => { finished = resolve; });
-  const worker = new Worker(args.queue, async () => undefined, workerOptions(args));
+  const worker = new ds.Worker(args.queue, async () => undefined, workerOptions(args, ds));
   worker.on('error', (err) => process.stderr.write(`worker error: ${err}\n`));
   worker.on('completed', () => {
     done += 1;
@@ -123,14 +149,14 @@ async function opProcess(args, queue, stats, meter) {
   return {};
 }
 
-async function opLatency(args, queue, stats, meter) {
+async function opLatency(args, queue, stats, meter, ds) {
   const latencies = [];
   let finished;
   const allDone = new Promise((resolve) => { finished = resolve; });
   const processor = async (job) => {
     latencies.push(nowMs() - job.timestamp);
   };
-  const worker = new Worker(args.queue, processor, workerOptions(args));
+  const worker = new ds.Worker(args.queue, processor, workerOptions(args, ds));
   worker.on('error', (err) => process.stderr.write(`worker error: ${err}\n`));
   worker.on('completed', () => {
     if (latencies.length === args.jobs) {
@@ -162,14 +188,16 @@ async function main() {
   const args = JSON.parse(process.argv[2] || '{}');
   const op = OPS[args.op];
   if (!op) throw new Error(`unknown op ${args.op}`);
-  const queue = new Queue(args.queue, { connection: connectionOf(args.redis) });
+  const ds = datastore(args);
+  const queue = new ds.Queue(args.queue, ds.options());
   await queue.waitUntilReady();
-  const stats = new RedisStats(args.redis);
+  const stats = ds.stats();
   const meter = new Meter();
-  const extra = await op(args, queue, stats, meter);
+  const extra = await op(args, queue, stats, meter, ds);
   const out = Object.assign(meter.result(args.jobs), extra, await stats.read());
   await queue.close();
   await stats.close();
+  await ds.close();
   process.stdout.write(`${JSON.stringify(out)}\n`);
 }
 

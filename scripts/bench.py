@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/bench.py [--quick] [--json out.json] [--rounds N] [--jobs N]
                                       [--only node,official,compat] [--measurements add,process-c1,...]
+                                      [--backends redis,postgres] [--postgres-url URL]
 
 One invocation starts its own redis-server on a free loopback port, flushes it (and only it)
 before every run, and runs each measurement for each implementation in a fresh process:
@@ -15,6 +16,19 @@ before every run, and runs each measurement for each implementation in a fresh p
 All three do identical work: jobs {name: "bench", data: {"i": i}} with no options, no-op
 processors, one process per run, no warm-up for anyone. Rounds interleave the implementations
 (the order rotates every round), so drift of the machine hits all of them alike.
+
+PostgreSQL rows (--backends; by default on when the PostgreSQL of --postgres-url, else
+POSTGRES_URL, else postgresql://postgres@127.0.0.1:5432/test, answers): the same runners on each
+one's own PostgreSQL backend -- Node's (bullmq's createPostgresBackend, migrate: true), ours
+(Queue/Worker with a postgresql:// connection, schema=..., migrate=True) and the official port's
+({"backend": "postgres", ...}, with psycopg from its ``postgres`` extra). Every run gets a fresh
+schema bench_<hex>, created and migrated by the client itself before the timed section and
+dropped after the run. No server figures there (the Redis columns have no counterpart).
+
+  pg-add          PostgreSQL: add one at a time (2,000 jobs, sequential awaits)
+  pg-add-bulk     PostgreSQL: add_bulk (10,000 jobs in batches of 1,000)
+  pg-process-cN   PostgreSQL: worker c=N (3,000 pre-loaded no-op jobs, jobs kept; N = 1, 10)
+                  (--quick: 300, 1,000 and 1,000 jobs; --jobs sets all three, as for Redis)
 
 Measurements (job counts for the default run; --quick: fewer jobs and 1 round):
   add            10,000 jobs added one at a time (sequential awaits)
@@ -59,6 +73,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
+BACKENDS = ("redis", "postgres")
+# targets of ours against Node on PostgreSQL (jobs/s ratio), by measurement
+PG_TARGETS = {"pg-add": 1.2, "pg-add-bulk": 1.2, "pg-process-c1": 1.5, "pg-process-c10": 1.5}
 sys.path.insert(0, ROOT)
 
 from tests._redis_server import RedisServer  # noqa: E402
@@ -92,6 +110,7 @@ class Measurement:
     groups: int = 0               # jobs spread over this many groups (bullmq-compat only)
     only: Optional[str] = None    # run this implementation only
     baseline: Optional[str] = None  # the measurement (same implementation) to give a ratio against
+    backend: str = "redis"        # "redis" or "postgres"
 
     @property
     def is_latency(self) -> bool:
@@ -132,13 +151,14 @@ def command_output(argv: list[str]) -> str:
         return ""
 
 
-def machine_info(redis_version: str) -> dict[str, Any]:
+def machine_info(redis_version: str, postgres_version: Optional[str] = None) -> dict[str, Any]:
     node = shutil.which("node")
     return {
         "cores": os.cpu_count(),
         "cpu_model": cpu_model(),
         "platform": platform.platform(),
         "redis_version": redis_version,
+        "postgres_version": postgres_version,
         "python_version": platform.python_version(),
         "node_version": command_output([node, "--version"]) if node else None,
         "loadavg_at_start": list(os.getloadavg()),
@@ -175,6 +195,25 @@ def _pip(python: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 def _installed_version(python: str) -> str:
     return command_output([python, "-c", "import importlib.metadata as m; print(m.version('bullmq'))"])
+
+
+def official_postgres(python: str) -> str:
+    """Why the official port cannot run on PostgreSQL here ("" if it can): its backend needs psycopg,
+    which comes with its ``postgres`` extra (installed into its venv when missing)."""
+    probe = "import psycopg, bullmq.backends.postgres_backend"
+    if subprocess.run([python, "-c", probe], capture_output=True, timeout=120).returncode == 0:
+        return ""
+    version = _installed_version(python)
+    print(f"installing bullmq[postgres]=={version} into {os.path.relpath(OFFICIAL_VENV, ROOT)} ...", flush=True)
+    done = _pip(python, "install", "-q", f"bullmq[postgres]=={version}")
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        return "pip install bullmq[postgres] failed: " + " / ".join(tail)
+    probe_run = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=120)
+    if probe_run.returncode != 0:
+        last = (probe_run.stderr.strip().splitlines() or ["?"])[-1]
+        return f"bullmq {version} has no usable PostgreSQL backend here: {last}"
+    return ""
 
 
 def official_impl() -> tuple[Optional[Impl], str]:
@@ -255,6 +294,28 @@ def redis_figures(out: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# -- PostgreSQL ---------------------------------------------------------------------------------
+def postgres_version(url: str) -> tuple[Optional[str], str]:
+    """The server's version, or None and why it does not answer."""
+    try:
+        import psycopg
+    except ImportError as err:
+        return None, f"psycopg is not importable: {err}"
+    try:
+        with psycopg.connect(url, connect_timeout=5, autocommit=True) as conn:
+            row = conn.execute("SHOW server_version").fetchone()
+            return (str(row[0]) if row else "?"), ""
+    except Exception as err:  # noqa: BLE001 -- any failure means "no PostgreSQL here"
+        return None, str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
+def drop_schema(url: str, schema: str) -> None:
+    import psycopg
+
+    with psycopg.connect(url, connect_timeout=10, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
 # -- running ------------------------------------------------------------------------------------
 def flush(port: int) -> None:
     import redis
@@ -273,13 +334,32 @@ def percentile(values: list[float], pct: float) -> float:
     return ordered[int(rank) - 1]
 
 
-def run_one(impl: Impl, m: Measurement, server: RedisServer) -> dict[str, Any]:
-    flush(server.port)
-    args = {"redis": server.url, "queue": f"bench-{m.key}-{uuid.uuid4().hex[:8]}", "op": m.op, "jobs": m.jobs,
-            "concurrency": m.concurrency, "removeOnComplete": m.remove_on_complete, "batch": m.batch,
-            "interval": m.interval, "groups": m.groups}
-    proc = subprocess.run([*impl.argv, json.dumps(args)], capture_output=True, text=True, timeout=RUN_TIMEOUT,
-                          cwd=ROOT)
+@dataclass
+class Target:
+    """Where the runs go: the Redis server and/or the PostgreSQL database."""
+    redis: Optional[RedisServer] = None
+    postgres_url: Optional[str] = None
+
+
+def run_one(impl: Impl, m: Measurement, target: Target) -> dict[str, Any]:
+    args: dict[str, Any] = {"queue": f"bench-{m.key}-{uuid.uuid4().hex[:8]}", "op": m.op, "jobs": m.jobs,
+                            "concurrency": m.concurrency, "removeOnComplete": m.remove_on_complete,
+                            "batch": m.batch, "interval": m.interval, "groups": m.groups}
+    schema = None
+    if m.backend == "postgres":
+        assert target.postgres_url
+        schema = f"bench_{uuid.uuid4().hex[:12]}"
+        args.update(postgres=target.postgres_url, schema=schema)
+    else:
+        assert target.redis is not None
+        flush(target.redis.port)
+        args["redis"] = target.redis.url
+    try:
+        proc = subprocess.run([*impl.argv, json.dumps(args)], capture_output=True, text=True, timeout=RUN_TIMEOUT,
+                              cwd=ROOT)
+    finally:
+        if schema is not None:
+            drop_schema(target.postgres_url or "", schema)
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
     try:
         out = json.loads(lines[-1])
@@ -291,9 +371,14 @@ def run_one(impl: Impl, m: Measurement, server: RedisServer) -> dict[str, Any]:
     run = {"seconds": out["seconds"], "jobs": jobs, "cpuUserMs": out["cpuUserMs"], "cpuSysMs": out["cpuSysMs"]}
     run["jobsPerSec"] = jobs / out["seconds"] if out["seconds"] > 0 else 0.0
     run["clientCpuUsPerJob"] = (out["cpuUserMs"] + out["cpuSysMs"]) * 1000.0 / jobs
-    run.update(redis_figures(out))
-    run["redisCmdUsPerJob"] = run["redisTopUsec"] / jobs
-    run["redisCpuUsPerJob"] = run["redisCpuUsec"] / jobs
+    # the client's CPU over its wall time: near 100 % (one core) means the client is what limits
+    run["clientCpuShare"] = (out["cpuUserMs"] + out["cpuSysMs"]) / 1000.0 / out["seconds"] if out["seconds"] else 0.0
+    if m.backend == "redis":
+        run.update(redis_figures(out))
+        run["redisCmdUsPerJob"] = run["redisTopUsec"] / jobs
+        run["redisCpuUsPerJob"] = run["redisCpuUsec"] / jobs
+    if schema is not None:
+        run["schema"] = schema
     if m.is_latency:
         lat = out.get("latenciesMs") or []
         if len(lat) != jobs:
@@ -307,7 +392,7 @@ def run_one(impl: Impl, m: Measurement, server: RedisServer) -> dict[str, Any]:
     return run
 
 
-def run_paired(impl: Impl, m: Measurement, server: RedisServer, twin_first: bool) -> dict[str, Any]:
+def run_paired(impl: Impl, m: Measurement, server: Target, twin_first: bool) -> dict[str, Any]:
     """Run ``m`` and, right before or after it (alternating by round), its twin without groups:
     the same jobs and worker settings, so that the machine's drift, which is large here, hits both
     alike. The run of ``m`` carries the twin's rate and the ratio of the two."""
@@ -323,7 +408,28 @@ def run_paired(impl: Impl, m: Measurement, server: RedisServer, twin_first: bool
     return run
 
 
+def postgres_measurements(args: argparse.Namespace) -> list[Measurement]:
+    if args.quick:
+        n_add, n_bulk, n_proc = 300, 1000, 1000
+    else:
+        n_add, n_bulk, n_proc = 2000, 10_000, 3000
+    if args.jobs:
+        n_add = n_bulk = n_proc = args.jobs
+    out = [
+        Measurement("pg-add", f"PostgreSQL: add one at a time ({n_add:,} jobs, sequential awaits)", "add", n_add,
+                    backend="postgres"),
+        Measurement("pg-add-bulk", f"PostgreSQL: add_bulk ({n_bulk:,} jobs, batches of {min(1000, n_bulk):,})",
+                    "addBulk", n_bulk, batch=min(1000, n_bulk), backend="postgres"),
+    ]
+    for c in (1, 10):
+        out.append(Measurement(f"pg-process-c{c}", f"PostgreSQL: worker c={c} ({n_proc:,} pre-loaded no-op jobs, "
+                               "jobs kept)", "process", n_proc, concurrency=c, batch=min(1000, n_proc),
+                               backend="postgres"))
+    return out
+
+
 def measurements(args: argparse.Namespace) -> list[Measurement]:
+    """Every measurement of the run, both backends (main drops those of a backend not wanted)."""
     if args.quick:
         n_add, n_bulk, n_proc, n_lat = 1000, 2000, 2000, 50
     else:
@@ -351,6 +457,7 @@ def measurements(args: argparse.Namespace) -> list[Measurement]:
         baseline="process-c100"))
     out.append(Measurement("latency", f"latency add -> processing start, idle worker ({n_lat} jobs, 20 ms apart)",
                            "latency", n_lat, interval=20))
+    out += postgres_measurements(args)
     if args.measurements:
         wanted = [w.strip() for w in args.measurements.split(",") if w.strip()]
         unknown = set(wanted) - {m.key for m in out}
@@ -368,7 +475,9 @@ def summarize(values: list[float]) -> dict[str, float]:
 def cell_summary(cell: Cell, m: Measurement) -> Optional[dict[str, Any]]:
     if not cell.runs:
         return None
-    keys = ["jobsPerSec", "seconds", "clientCpuUsPerJob", "redisCmdUsPerJob", "redisCpuUsPerJob"]
+    keys = ["jobsPerSec", "seconds", "clientCpuUsPerJob", "clientCpuShare"]
+    if m.backend == "redis":
+        keys += ["redisCmdUsPerJob", "redisCpuUsPerJob"]
     if m.is_latency:
         keys += ["p50Ms", "p99Ms"]
     if all("pairedRatio" in r for r in cell.runs):
@@ -401,9 +510,14 @@ def baseline_ratio(m: Measurement, summary: dict[str, Any]) -> Optional[float]:
     return float(mine["jobsPerSec"]["median"] / base["jobsPerSec"]["median"])
 
 
-def render_table(m: Measurement, impls: list[Impl], summary: dict[str, Any], cells: dict[str, Cell]) -> str:
+def render_table(m: Measurement, impls: list[Impl], summary: dict[str, Any], cells: dict[str, Cell],
+                 not_here: Optional[dict[str, str]] = None) -> str:
+    """``not_here``: implementation -> why it has no run of this measurement (printed as n/a)."""
     node = summary.get("node")
-    if m.is_latency:
+    pg = m.backend == "postgres"
+    if pg:
+        header = ["implementation", "jobs/s median [min-max]", "vs Node", "client CPU us/job", "client CPU/wall"]
+    elif m.is_latency:
         header = ["implementation", "p50 ms median [min-max]", "p99 ms median [min-max]", "p50 vs Node",
                   "client CPU us/job", "Redis cmd us/job", "Redis CPU us/job"]
     else:
@@ -414,11 +528,20 @@ def render_table(m: Measurement, impls: list[Impl], summary: dict[str, Any], cel
         s = summary.get(impl.key)
         if m.only and impl.key != m.only:
             continue
+        if not_here and impl.key in not_here:
+            rows.append([impl.label, f"n/a: {not_here[impl.key]}"] + [""] * (len(header) - 2))
+            continue
         if s is None:
             err = cells[impl.key].errors[-1].splitlines()[0][:80] if cells[impl.key].errors else "no runs"
             rows.append([impl.label, f"FAILED: {err}"] + [""] * (len(header) - 2))
             continue
         cpu = fmt_num(s["clientCpuUsPerJob"]["median"])
+        if pg:
+            ratio = (f"{s['jobsPerSec']['median'] / node['jobsPerSec']['median']:.2f}x"
+                     if node and node["jobsPerSec"]["median"] else "-")
+            rows.append([impl.label, fmt_range(s["jobsPerSec"]), ratio, cpu,
+                         f"{s['clientCpuShare']['median'] * 100:.0f}%"])
+            continue
         rcmd = fmt_num(s["redisCmdUsPerJob"]["median"])
         rcpu = fmt_num(s["redisCpuUsPerJob"]["median"])
         if m.is_latency:
@@ -440,6 +563,65 @@ def render_table(m: Measurement, impls: list[Impl], summary: dict[str, Any], cel
     return "\n".join(lines)
 
 
+def round_ratios(cells: dict[str, Cell], impl: str, base: str = "node") -> list[float]:
+    """``impl``'s jobs/s over ``base``'s, round by round (the rounds where both have a run): the
+    two ran minutes apart at most, so the machine's drift, large here, mostly cancels."""
+    if impl not in cells or base not in cells:
+        return []
+    theirs = {r["round"]: r["jobsPerSec"] for r in cells[base].runs if r.get("jobsPerSec")}
+    return [r["jobsPerSec"] / theirs[r["round"]] for r in cells[impl].runs if r["round"] in theirs]
+
+
+def postgres_note(plan: list[Measurement], summary: dict[str, Any], machine: dict[str, Any],
+                  cells: Optional[dict[str, dict[str, Cell]]] = None) -> list[str]:
+    """The closing note of the PostgreSQL rows: ours / Node and the official port / Node per row
+    (ratio of the medians, and the median of the per-round ratios), against the targets, and for
+    a row below target what the figures say limits it."""
+    rows = [m for m in plan if m.backend == "postgres"]
+    if not rows:
+        return []
+    cores = machine.get("cores") or 1
+    lines = ["PostgreSQL, ours vs Node's Postgres backend (median jobs/s ratio; target: adds >= 1.2x, "
+             "worker >= 1.5x):"]
+    for m in rows:
+        per = summary.get(m.key) or {}
+        node, ours, official = per.get("node"), per.get("compat"), per.get("official")
+        title = m.title.split(" (")[0]
+        if not node or not ours:
+            lines.append(f"  {title:<38} n/a (no {'Node' if not node else 'bullmq-compat'} result)")
+            continue
+        ratio = ours["jobsPerSec"]["median"] / node["jobsPerSec"]["median"]
+        target = PG_TARGETS.get(m.key)
+        verdict = "" if target is None else (" meets target" if ratio >= target else f" BELOW target {target}x")
+        off = (f"; official port {official['jobsPerSec']['median'] / node['jobsPerSec']['median']:.2f}x"
+               if official else "")
+        paired = round_ratios(cells[m.key], "compat") if cells and m.key in cells else []
+        per_round = (f" (per round: median {statistics.median(paired):.2f}x [{min(paired):.2f}-{max(paired):.2f}])"
+                     if len(paired) > 1 else "")
+        lines.append(f"  {title:<38} ours {ratio:.2f}x{per_round}{verdict}{off}")
+        if target is not None and ratio < target:
+            share = ours["clientCpuShare"]["median"]
+            # per job: how much longer ours takes than Node, and how much more CPU it spends
+            extra_wall = 1e6 / ours["jobsPerSec"]["median"] - 1e6 / node["jobsPerSec"]["median"]
+            extra_cpu = ours["clientCpuUsPerJob"]["median"] - node["clientCpuUsPerJob"]["median"]
+            if extra_wall > 0 and extra_cpu >= 0.4 * extra_wall:
+                why = (f"client CPU: {ours['clientCpuUsPerJob']['median']:.0f} us/job against Node's "
+                       f"{node['clientCpuUsPerJob']['median']:.0f}, spent while no statement is in flight; the "
+                       f"{extra_cpu:.0f} us more are {min(100.0, 100 * extra_cpu / extra_wall):.0f}% of the "
+                       f"{extra_wall:.0f} us/job by which ours is slower")
+            elif share >= 0.85:
+                why = (f"our process is CPU-bound ({share * 100:.0f}% of a core, "
+                       f"{ours['clientCpuUsPerJob']['median']:.0f} us/job)")
+            else:
+                why = (f"our process is busy only {share * 100:.0f}% of the wall time "
+                       f"({ours['clientCpuUsPerJob']['median']:.0f} us CPU/job, Node "
+                       f"{node['clientCpuUsPerJob']['median']:.0f}): it waits on PostgreSQL -- one statement "
+                       f"and one synchronous commit per call, the same SQL as Node's, on a server that shares "
+                       f"the {cores} cores with the clients")
+            lines.append(f"  {'':<38}   limit: {why}")
+    return lines
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer jobs and 1 round (smoke runs)")
@@ -449,6 +631,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--latency-jobs", type=int, help="job count of the latency measurement (default 200)")
     parser.add_argument("--only", help="comma-separated implementations among node,official,compat")
     parser.add_argument("--measurements", help="comma-separated measurement keys (default: all)")
+    parser.add_argument("--backends", help="comma-separated among redis,postgres (default: redis, and postgres "
+                                           "when it answers)")
+    parser.add_argument("--postgres-url", help=f"the PostgreSQL of the postgres rows (default: POSTGRES_URL, else "
+                                               f"{DEFAULT_POSTGRES_URL})")
     args = parser.parse_args(argv)
     rounds = args.rounds or (1 if args.quick else 3)
     if rounds < 1:
@@ -456,10 +642,34 @@ def main(argv: Optional[list[str]] = None) -> int:
     wanted = [w.strip() for w in (args.only or ",".join(IMPLS)).split(",") if w.strip()]
     if set(wanted) - set(IMPLS):
         parser.error(f"--only takes {','.join(IMPLS)}")
-    plan = measurements(args)
+    backends = [w.strip() for w in (args.backends or ",".join(BACKENDS)).split(",") if w.strip()]
+    if not backends or set(backends) - set(BACKENDS):
+        parser.error(f"--backends takes {','.join(BACKENDS)}")
+    plan = [m for m in measurements(args) if m.backend in backends]
+    if not plan:
+        parser.error("no measurement left: --measurements names none of the --backends")
+
+    postgres_url = args.postgres_url or os.environ.get("POSTGRES_URL") or DEFAULT_POSTGRES_URL
+    pg_version: Optional[str] = None
+    if any(m.backend == "postgres" for m in plan):
+        pg_version, why = postgres_version(postgres_url)
+        if pg_version is None:
+            shown = re.sub(r"^([a-z]+://[^:@/]*):[^@]*@", r"\1:***@", postgres_url)
+            # asked for by name: an error; by default: the Redis rows alone
+            if args.backends or (args.measurements and all(m.backend == "postgres" for m in plan)):
+                print(f"PostgreSQL at {shown} does not answer: {why}", file=sys.stderr)
+                return 2
+            print(f"NOTE: no PostgreSQL rows: {shown} does not answer ({why})", flush=True)
+            plan = [m for m in plan if m.backend != "postgres"]
+    if not plan:
+        print("nothing to run", file=sys.stderr)
+        return 2
+    use_redis = any(m.backend == "redis" for m in plan)
+    use_pg = any(m.backend == "postgres" for m in plan)
 
     impls: list[Impl] = []
     skipped: dict[str, str] = {}
+    not_on_pg: dict[str, str] = {}   # implementation -> why it has no PostgreSQL runs
     for key, factory in (("node", node_impl), ("official", official_impl), ("compat", compat_impl)):
         if key not in wanted:
             continue
@@ -467,25 +677,38 @@ def main(argv: Optional[list[str]] = None) -> int:
         if impl is None:
             skipped[key] = why
             print(f"NOTE: skipping {key}: {why}", flush=True)
-        else:
-            impls.append(impl)
+            continue
+        impls.append(impl)
+        if key == "official" and use_pg:
+            why_not = official_postgres(impl.argv[0])
+            if why_not:
+                not_on_pg[key] = why_not
+                print(f"NOTE: official port on PostgreSQL: n/a: {why_not}", flush=True)
     if not impls:
         print("nothing to run", file=sys.stderr)
         return 2
 
-    server = RedisServer().start()
+    server = RedisServer().start() if use_redis else None
     try:
-        import redis
+        redis_version = "n/a"
+        if server is not None:
+            import redis
 
-        client = redis.Redis(host="127.0.0.1", port=server.port)
-        redis_version = str(client.info("server").get("redis_version", "?"))
-        client.close()
-        machine = machine_info(redis_version)
-        print(f"machine: {machine['cores']} cores, {machine['cpu_model']}; Redis {redis_version} "
-              f"(own redis-server on 127.0.0.1:{server.port}); Python {machine['python_version']}; "
-              f"Node {machine['node_version']}", flush=True)
+            client = redis.Redis(host="127.0.0.1", port=server.port)
+            redis_version = str(client.info("server").get("redis_version", "?"))
+            client.close()
+        target = Target(redis=server, postgres_url=postgres_url if use_pg else None)
+        machine = machine_info(redis_version, pg_version)
+        where = []
+        if server is not None:
+            where.append(f"Redis {redis_version} (own redis-server on 127.0.0.1:{server.port})")
+        if use_pg:
+            where.append(f"PostgreSQL {pg_version} (a fresh schema per run)")
+        print(f"machine: {machine['cores']} cores, {machine['cpu_model']}; {'; '.join(where)}; "
+              f"Python {machine['python_version']}; Node {machine['node_version']}", flush=True)
         print("implementations: " + ", ".join(i.label for i in impls), flush=True)
-        print(f"{rounds} round(s); each run in a fresh process, Redis flushed before it; no warm-up", flush=True)
+        print(f"{rounds} round(s); each run in a fresh process, Redis flushed / a new PostgreSQL schema before it; "
+              "no warm-up", flush=True)
 
         cells = {m.key: {i.key: Cell() for i in impls} for m in plan}
         started = time.monotonic()
@@ -495,12 +718,14 @@ def main(argv: Optional[list[str]] = None) -> int:
                 for impl in order:
                     if m.only and impl.key != m.only:
                         continue
+                    if m.backend == "postgres" and impl.key in not_on_pg:
+                        continue
                     cell = cells[m.key][impl.key]
                     try:
                         if m.baseline and impl.key == m.only:
-                            run = run_paired(impl, m, server, twin_first=r % 2 == 0)
+                            run = run_paired(impl, m, target, twin_first=r % 2 == 0)
                         else:
-                            run = run_one(impl, m, server)
+                            run = run_one(impl, m, target)
                     except (RuntimeError, subprocess.TimeoutExpired) as err:
                         cell.errors.append(str(err))
                         print(f"  round {r + 1} {m.key:<16} {impl.key:<8} FAILED: {str(err)[:300]}",
@@ -513,9 +738,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                     if "pairedRatio" in run:
                         extra += (f" (ungrouped twin {run['pairedBaselineJobsPerSec']:,.0f} jobs/s: "
                                   f"{run['pairedRatio']:.2f}x)")
+                    server_part = (f"  redis {run['redisCmdUsPerJob']:.1f} us/job" if "redisCmdUsPerJob" in run
+                                   else f"  cpu/wall {run['clientCpuShare'] * 100:.0f}%")
                     print(f"  round {r + 1} {m.key:<16} {impl.key:<8} {extra}  "
-                          f"cpu {run['clientCpuUsPerJob']:.1f} us/job  redis {run['redisCmdUsPerJob']:.1f} us/job",
-                          flush=True)
+                          f"cpu {run['clientCpuUsPerJob']:.1f} us/job{server_part}", flush=True)
         elapsed = time.monotonic() - started
         machine["loadavg_at_end"] = list(os.getloadavg())
 
@@ -524,13 +750,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"Results: median [min-max] over {rounds} round(s); vs Node = median / Node's median "
               f"(jobs/s: higher is better). {elapsed:.0f} s in all.")
         print(f"machine: {machine['cores']} cores, {machine['cpu_model']}; Redis {redis_version}; "
-              f"Python {machine['python_version']}; Node {machine['node_version']}; load average "
-              f"{machine['loadavg_at_start'][0]:.2f} at start, {machine['loadavg_at_end'][0]:.2f} at end")
+              f"PostgreSQL {pg_version or 'n/a'}; Python {machine['python_version']}; Node {machine['node_version']}; "
+              f"load average {machine['loadavg_at_start'][0]:.2f} at start, {machine['loadavg_at_end'][0]:.2f} at end")
         for note_key, why in skipped.items():
             print(f"skipped {note_key}: {why}")
         for m in plan:
             print()
-            print(render_table(m, impls, summary[m.key], cells[m.key]))
+            print(render_table(m, impls, summary[m.key], cells[m.key],
+                               not_on_pg if m.backend == "postgres" else None))
             ratio = baseline_ratio(m, summary)
             if ratio is not None:
                 print(f"   {m.only} here vs its own {m.baseline} run: {ratio:.2f}x")
@@ -539,15 +766,20 @@ def main(argv: Optional[list[str]] = None) -> int:
                 p = paired["pairedRatio"]
                 print(f"   paired: each round's run vs an ungrouped twin run just before or after it "
                       f"(same settings): median {p['median']:.2f}x [{p['min']:.2f}-{p['max']:.2f}]")
+        note = postgres_note(plan, summary, machine, cells)
+        if note:
+            print()
+            print("\n".join(note))
 
         failed = any(c.errors for per in cells.values() for c in per.values())
         if args.json:
             doc = {
                 "machine": machine,
-                "config": {"rounds": rounds, "quick": args.quick, "redis_port": server.port,
-                           "measurements": [m.__dict__ for m in plan]},
+                "config": {"rounds": rounds, "quick": args.quick, "redis_port": server.port if server else None,
+                           "postgres": bool(use_pg), "measurements": [m.__dict__ for m in plan]},
                 "implementations": {i.key: {"label": i.label, "version": i.version} for i in impls},
                 "skipped": skipped,
+                "not_on_postgres": not_on_pg,
                 "summary": summary,
                 "runs": {m.key: {k: {"runs": c.runs, "errors": c.errors} for k, c in cells[m.key].items()}
                          for m in plan},
@@ -559,7 +791,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"\nwrote {args.json}")
         return 1 if failed else 0
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
 
 
 if __name__ == "__main__":

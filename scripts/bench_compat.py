@@ -4,7 +4,9 @@
 
 Input and output are those of interop/bench.js (see there): {redis, queue, op, jobs, concurrency,
 removeOnComplete, batch, interval} in, one line of JSON {seconds, jobs, cpuUserMs, cpuSysMs,
-redisCommandstats, redisCpuBefore, redisCpuAfter, latenciesMs?} out.
+redisCommandstats, redisCpuBefore, redisCpuAfter, latenciesMs?} out. With {postgres: url, schema}
+instead of redis, the queue lives in that PostgreSQL schema (migrated by the client itself, untimed,
+before the measurement) and the output has no Redis figures.
 
 The measuring harness (`run`) is shared with scripts/bench_official.py, which plugs in the
 official PyPI ``bullmq`` port instead: both Python clients run exactly the same driving code,
@@ -190,13 +192,26 @@ async def op_latency(args: dict[str, Any], adapter: Adapter, stats: RedisStats, 
 OPS = {"add": op_add, "addBulk": op_add_bulk, "process": op_process, "latency": op_latency}
 
 
+class NoStats:
+    """Stands in for RedisStats on PostgreSQL: no server figures."""
+
+    async def reset(self) -> None:
+        pass
+
+    async def read(self) -> dict[str, Any]:
+        return {}
+
+    async def close(self) -> None:
+        pass
+
+
 async def run_async(args: dict[str, Any], make_adapter: Callable[[dict[str, Any]], Adapter]) -> dict[str, Any]:
     op = OPS.get(args.get("op", ""))
     if op is None:
         raise ValueError(f"unknown op {args.get('op')!r}")
     adapter = make_adapter(args)
     await adapter.queue_ready()
-    stats = RedisStats(args["redis"])
+    stats: Any = NoStats() if args.get("postgres") else RedisStats(args["redis"])
     meter = Meter()
     extra = await op(args, adapter, stats, meter)
     out = {**meter.result(args["jobs"]), **extra, **(await stats.read())}
@@ -221,7 +236,10 @@ class CompatAdapter(Adapter):
         from bullmq_compat import Queue
 
         self.args = args
-        self.queue = Queue(args["queue"], connection=args["redis"])
+        # PostgreSQL: the schema is migrated as the queue connects (untimed: queue_ready)
+        self.where: dict[str, Any] = ({"connection": args["postgres"], "schema": args["schema"], "migrate": True}
+                                      if args.get("postgres") else {"connection": args["redis"]})
+        self.queue = Queue(args["queue"], **self.where)
         self.worker: Any = None
         self.task: Optional[asyncio.Future[Any]] = None
 
@@ -248,7 +266,7 @@ class CompatAdapter(Adapter):
             async def process(job: Any) -> Any:
                 on_start(job)
 
-        self.worker = Worker(self.args["queue"], process, connection=self.args["redis"], concurrency=concurrency,
+        self.worker = Worker(self.args["queue"], process, **self.where, concurrency=concurrency,
                              remove_on_complete=True if remove_on_complete else None)
         self.worker.on("error", lambda err, *_: print(f"worker error: {err!r}", file=sys.stderr))
         self.worker.on("completed", on_completed)

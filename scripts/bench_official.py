@@ -5,6 +5,10 @@
 Run with the interpreter of the venv scripts/bench.py installs the port into (never the project
 venv). The harness is scripts/bench_compat.py's `run`, so both Python clients are driven by the
 same code; only this adapter differs. Input and output: see interop/bench.js.
+
+With {postgres: url, schema} the port's own PostgreSQL backend is used ({"backend": "postgres",
+"connection": url, "schema": schema}; it needs psycopg, the port's ``postgres`` extra), which
+migrates the schema as it connects (untimed: queue_ready).
 """
 from __future__ import annotations
 
@@ -23,7 +27,9 @@ class OfficialAdapter(Adapter):
         from bullmq import Queue
 
         self.args = args
-        self.queue = Queue(args["queue"], {"connection": args["redis"]})
+        self.where: dict[str, Any] = ({"backend": "postgres", "connection": args["postgres"], "schema": args["schema"]}
+                                      if args.get("postgres") else {"connection": args["redis"]})
+        self.queue = Queue(args["queue"], dict(self.where))
         self.worker: Any = None
         self.task: Optional[asyncio.Future[Any]] = None
 
@@ -52,7 +58,7 @@ class OfficialAdapter(Adapter):
             async def process(job: Any, token: str) -> Any:
                 on_start(job)
 
-        opts: dict[str, Any] = {"connection": self.args["redis"], "concurrency": concurrency, "autorun": False}
+        opts: dict[str, Any] = {**self.where, "concurrency": concurrency, "autorun": False}
         if remove_on_complete:
             opts["removeOnComplete"] = True
         self.worker = Worker(self.args["queue"], process, opts)

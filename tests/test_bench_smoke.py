@@ -29,7 +29,7 @@ def test_bench_quick_compat_and_node(tmp_path: Path) -> None:
     started = time.monotonic()
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--only", "compat,node", "--jobs", "500",
-         "--rounds", "1", "--json", str(out)],
+         "--rounds", "1", "--backends", "redis", "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     elapsed = time.monotonic() - started
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -54,3 +54,51 @@ def test_bench_quick_compat_and_node(tmp_path: Path) -> None:
             assert s["redisCmdUsPerJob"]["median"] > 0
             if key == "latency":
                 assert 0 <= s["p50Ms"]["median"] <= s["p99Ms"]["median"]
+
+
+def _postgres_url() -> str:
+    return os.environ.get("POSTGRES_URL") or "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def _postgres_answers(url: str) -> bool:
+    try:
+        import psycopg
+
+        with psycopg.connect(url, connect_timeout=3):
+            return True
+    except Exception:  # noqa: BLE001 -- no PostgreSQL here: skip
+        return False
+
+
+def test_bench_quick_postgres_rows(tmp_path: Path) -> None:
+    """One PostgreSQL row (the worker at c=10, whose pre-load is an add_bulk), ours and Node's,
+    tiny: the row prints, the ratio note follows, and each run's schema is dropped."""
+    url = _postgres_url()
+    if not _postgres_answers(url):
+        pytest.skip(f"no PostgreSQL answers at POSTGRES_URL ({url.split('@')[-1]})")
+    import psycopg
+
+    out = tmp_path / "bench-pg.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--only", "compat,node",
+         "--backends", "postgres", "--measurements", "pg-process-c10", "--jobs", "50", "--rounds", "1",
+         "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "POSTGRES_URL": url})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "== PostgreSQL: worker c=10" in proc.stdout
+    assert "ours vs Node's Postgres backend" in proc.stdout
+    doc = json.loads(out.read_text())
+    assert {m["key"] for m in doc["config"]["measurements"]} == {"pg-process-c10"}
+    assert doc["machine"]["postgres_version"]
+    for impl in ("compat", "node"):
+        s = doc["summary"]["pg-process-c10"][impl]
+        assert s is not None, (impl, doc["runs"]["pg-process-c10"][impl]["errors"])
+        assert s["jobsPerSec"]["median"] > 0 and s["clientCpuUsPerJob"]["median"] > 0
+        assert "redisCmdUsPerJob" not in s
+    used = {run["schema"] for impl in ("compat", "node")
+            for run in doc["runs"]["pg-process-c10"][impl]["runs"]}
+    assert len(used) == 2 and all(name.startswith("bench_") for name in used)
+    with psycopg.connect(url, autocommit=True) as conn:
+        left = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname = ANY(%s)", [list(used)]).fetchall()
+    assert not left, f"schemas not dropped: {left}"
