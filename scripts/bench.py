@@ -317,14 +317,14 @@ def drop_schema(url: str, schema: str) -> None:
 
 
 # -- running ------------------------------------------------------------------------------------
-def flush(port: int) -> None:
-    import redis
+def redis_cli(port: int, *args: str) -> str:
+    """One command to the bench's own redis-server (redis-cli ships with it)."""
+    return subprocess.run([shutil.which("redis-cli") or "redis-cli", "-p", str(port), *args], check=True,
+                          capture_output=True, text=True, timeout=60).stdout
 
-    client = redis.Redis(host="127.0.0.1", port=port)
-    try:
-        client.flushall()
-    finally:
-        client.close()
+
+def flush(port: int) -> None:
+    redis_cli(port, "FLUSHALL")
 
 
 def percentile(values: list[float], pct: float) -> float:
@@ -692,11 +692,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         redis_version = "n/a"
         if server is not None:
-            import redis
-
-            client = redis.Redis(host="127.0.0.1", port=server.port)
-            redis_version = str(client.info("server").get("redis_version", "?"))
-            client.close()
+            redis_version = parse_info(redis_cli(server.port, "INFO", "server")).get("redis_version", "?")
         target = Target(redis=server, postgres_url=postgres_url if use_pg else None)
         machine = machine_info(redis_version, pg_version)
         where = []

@@ -55,39 +55,48 @@ class Meter:
 
 
 class RedisStats:
-    """CONFIG RESETSTAT before and INFO after the timed section, on a redis-py connection of its own."""
+    """CONFIG RESETSTAT before and INFO after the timed section, on a connection of its own.
+
+    It speaks RESP itself (a few lines): this harness also runs in the official port's venv, and
+    only the Redis backend's own files import a Redis client."""
 
     def __init__(self, url: str) -> None:
-        import redis.asyncio as aioredis
+        from urllib.parse import urlsplit
 
-        self.client = aioredis.Redis.from_url(url)
+        parts = urlsplit(url)
+        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 6379
+        self.streams: Any = None
         self.cpu_before = ""
 
-    @staticmethod
-    def _text(info: Any) -> str:
-        # redis-py parses INFO into a dict: give back the "name:value" lines bench.py parses
-        if isinstance(info, dict):
-            lines = []
-            for key, value in info.items():
-                if isinstance(value, dict):
-                    value = ",".join(f"{k}={v}" for k, v in value.items())
-                lines.append(f"{key}:{value}")
-            return "\r\n".join(lines)
-        return info.decode() if isinstance(info, bytes) else str(info)
+    async def _command(self, *args: str) -> str:
+        if self.streams is None:
+            self.streams = await asyncio.open_connection(self.host, self.port)
+        reader, writer = self.streams
+        writer.write(f"*{len(args)}\r\n".encode() + b"".join(
+            f"${len(a.encode())}\r\n{a}\r\n".encode() for a in args))
+        await writer.drain()
+        head = (await reader.readline()).decode().rstrip("\r\n")
+        if head.startswith("$"):  # a bulk string: INFO's text
+            text = (await reader.readexactly(int(head[1:]) + 2))[:-2]
+            return text.decode()
+        if head.startswith("-"):
+            raise RuntimeError(f"Redis refused {args[0]}: {head[1:]}")
+        return head[1:]  # +OK
 
     async def reset(self) -> None:
-        await self.client.config_resetstat()
-        self.cpu_before = self._text(await self.client.info("cpu"))
+        await self._command("CONFIG", "RESETSTAT")
+        self.cpu_before = await self._command("INFO", "cpu")
 
     async def read(self) -> dict[str, Any]:
         return {
             "redisCpuBefore": self.cpu_before,
-            "redisCpuAfter": self._text(await self.client.info("cpu")),
-            "redisCommandstats": self._text(await self.client.info("commandstats")),
+            "redisCpuAfter": await self._command("INFO", "cpu"),
+            "redisCommandstats": await self._command("INFO", "commandstats"),
         }
 
     async def close(self) -> None:
-        await self.client.aclose()
+        if self.streams is not None:
+            self.streams[1].close()
 
 
 class Adapter:
