@@ -387,12 +387,10 @@ def _shown(err: BaseException, args: argparse.Namespace) -> str:
 
 
 def _postgres_errors() -> tuple[type[BaseException], ...]:
-    """psycopg's base error (a refusal by the server: a missing grant...), when psycopg is installed."""
-    try:
-        import psycopg
-    except ImportError:
-        return ()
-    return (psycopg.Error,)
+    """The PostgreSQL driver's base error (a refusal by the server), when the driver is installed."""
+    from bullmq_compat._backends.postgres.driver import server_errors
+
+    return server_errors()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -21,7 +21,7 @@ PostgreSQL rows (--backends; by default on when the PostgreSQL of --postgres-url
 POSTGRES_URL, else postgresql://postgres@127.0.0.1:5432/test, answers): the same runners on each
 one's own PostgreSQL backend -- Node's (bullmq's createPostgresBackend, migrate: true), ours
 (Queue/Worker with a postgresql:// connection, schema=..., migrate=True) and the official port's
-({"backend": "postgres", ...}, with psycopg from its ``postgres`` extra). Every run gets a fresh
+({"backend": "postgres", ...}, with the driver of its ``postgres`` extra). Every run gets a fresh
 schema bench_<hex>, created and migrated by the client itself before the timed section and
 dropped after the run. No server figures there (the Redis columns have no counterpart).
 
@@ -198,9 +198,9 @@ def _installed_version(python: str) -> str:
 
 
 def official_postgres(python: str) -> str:
-    """Why the official port cannot run on PostgreSQL here ("" if it can): its backend needs psycopg,
-    which comes with its ``postgres`` extra (installed into its venv when missing)."""
-    probe = "import psycopg, bullmq.backends.postgres_backend"
+    """Why the official port cannot run on PostgreSQL here ("" if it can): its backend needs the
+    driver of its ``postgres`` extra (installed into its venv when missing)."""
+    probe = "import bullmq.backends.postgres_backend"
     if subprocess.run([python, "-c", probe], capture_output=True, timeout=120).returncode == 0:
         return ""
     version = _installed_version(python)
@@ -295,25 +295,26 @@ def redis_figures(out: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- PostgreSQL ---------------------------------------------------------------------------------
+def psql(url: str, sql: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """One statement through psql (the bench's own SQL: a version probe, dropping its schemas)."""
+    return subprocess.run([shutil.which("psql") or "psql", "-X", "-qAt", "-v", "ON_ERROR_STOP=1", "-c", sql,
+                           "--dbname", url], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PGCONNECT_TIMEOUT": "5"})
+
+
 def postgres_version(url: str) -> tuple[Optional[str], str]:
     """The server's version, or None and why it does not answer."""
     try:
-        import psycopg
-    except ImportError as err:
-        return None, f"psycopg is not importable: {err}"
-    try:
-        with psycopg.connect(url, connect_timeout=5, autocommit=True) as conn:
-            row = conn.execute("SHOW server_version").fetchone()
-            return (str(row[0]) if row else "?"), ""
-    except Exception as err:  # noqa: BLE001 -- any failure means "no PostgreSQL here"
-        return None, str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        done = psql(url, "SHOW server_version", timeout=15)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return None, f"psql did not answer: {err}"
+    if done.returncode != 0:
+        return None, (done.stderr.strip().splitlines() or ["psql failed"])[0]
+    return done.stdout.strip() or "?", ""
 
 
 def drop_schema(url: str, schema: str) -> None:
-    import psycopg
-
-    with psycopg.connect(url, connect_timeout=10, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    psql(url, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE').check_returncode()
 
 
 # -- running ------------------------------------------------------------------------------------

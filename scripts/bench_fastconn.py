@@ -22,11 +22,11 @@ import asyncio
 import os
 import sys
 import time
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import redis.asyncio as aioredis  # noqa: E402
+from bullmq_compat._backends.redis.connection import RedisHandle  # noqa: E402  (its redis-py client)
 
 from bullmq_compat._backends.redis.fastconn import FastConnection  # noqa: E402
 
@@ -60,7 +60,7 @@ async def fast_tasks(conn: FastConnection, sha: str, n: int, window: int) -> Non
     await asyncio.gather(*(worker(per + (1 if i < extra else 0)) for i in range(window)))
 
 
-async def redispy_pipe(client: aioredis.Redis, sha: str, n: int, window: int) -> None:
+async def redispy_pipe(client: Any, sha: str, n: int, window: int) -> None:
     done = 0
     while done < n:
         w = min(window, n - done)
@@ -73,7 +73,7 @@ async def redispy_pipe(client: aioredis.Redis, sha: str, n: int, window: int) ->
         done += w
 
 
-async def redispy_plain(client: aioredis.Redis, sha: str, n: int, window: int) -> None:
+async def redispy_plain(client: Any, sha: str, n: int, window: int) -> None:
     per, extra = divmod(n, window)
 
     async def worker(count: int) -> None:
@@ -92,7 +92,7 @@ async def measure(run: Awaitable[None], n: int) -> tuple[float, float]:
 
 
 async def main(url: str, n: int, windows: list[int], modes: list[str]) -> None:
-    client = aioredis.Redis.from_url(url, max_connections=max(windows) + 4)
+    client = RedisHandle({"url": url, "max_connections": max(windows) + 4, "decode_responses": False}).client
     sha = await client.script_load(SCRIPT)
     conn = await FastConnection.from_redis_py(client)
 

@@ -7,7 +7,7 @@ venv). The harness is scripts/bench_compat.py's `run`, so both Python clients ar
 same code; only this adapter differs. Input and output: see interop/bench.js.
 
 With {postgres: url, schema} the port's own PostgreSQL backend is used ({"backend": "postgres",
-"connection": url, "schema": schema}; it needs psycopg, the port's ``postgres`` extra), which
+"connection": url, "schema": schema}; it needs the port's ``postgres`` extra), which
 migrates the schema as it connects (untimed: queue_ready).
 """
 from __future__ import annotations

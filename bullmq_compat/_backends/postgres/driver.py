@@ -15,6 +15,15 @@ def is_pool(connection: Any) -> bool:
     return type(connection).__module__.startswith("psycopg_pool")
 
 
+def server_errors() -> tuple[type[BaseException], ...]:
+    """The driver's base error (a refusal by the server: a missing grant...), when it is installed."""
+    try:
+        import psycopg
+    except ImportError:
+        return ()
+    return (psycopg.Error,)
+
+
 def load_psycopg() -> tuple[ModuleType, ModuleType]:
     """``(psycopg, psycopg_pool)``, or `PostgresDriverMissing` naming the extra to install."""
     try:
