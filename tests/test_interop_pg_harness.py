@@ -235,7 +235,8 @@ async def test_every_and_cron_schedulers_run_under_a_node_worker(pg_schema: str,
                           {"name": "tock"})
         assert cron["id"].startswith("repeat:cron-beat:")
         outcome = await worker.result()
-    assert outcome["timedOut"] is False and len(outcome["completed"]) == 5
+    # (a worker stops after 5 completions, but jobs finishing together may complete one or two more)
+    assert outcome["timedOut"] is False and len(outcome["completed"]) >= 5
     assert all(i.startswith(("repeat:beat:", "repeat:cron-beat:")) for i in outcome["completed"])
 
     schedulers = {s["key"]: s for s in await call("getJobSchedulers")}
