@@ -69,7 +69,7 @@ class EventEmitter:
         for listener, _, arity in entries:
             try:
                 result = listener(*args) if arity is None else listener(*args[:arity])
-                if inspect.isawaitable(result):
+                if result is not None and inspect.isawaitable(result):
                     task = asyncio.ensure_future(result)
                     self._listener_tasks.add(task)
                     task.add_done_callback(self._listener_done)

@@ -75,6 +75,40 @@ def _opts_from_stored(text: Optional[str]) -> dict[str, Any]:
     return to_node_names(from_wire(stored)) if isinstance(stored, dict) else {}
 
 
+# stored options text -> (Python-named options, problem): jobs of one kind share the same text, so
+# a worker decodes and renames it once, not per job. Only options of scalar values are kept (a
+# Job gets its own copy of the dict, which then shares nothing mutable); bounded, cleared when full.
+_OPTS_CACHE: dict[str, tuple[dict[str, Any], Optional[str]]] = {}
+_OPTS_CACHE_MAX = 512
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _stored_opts(text: str) -> tuple[dict[str, Any], Optional[str]]:
+    """A job hash's ``opts`` text as `Job.opts` holds it, and what is wrong with it (or None).
+    The dict returned may be shared: copy it before changing it (the Job constructor does)."""
+    cached = _OPTS_CACHE.get(text)
+    if cached is not None:
+        return cached
+    problem: Optional[str] = None
+    try:
+        stored = codec.loads(text)
+        if not isinstance(stored, dict):
+            raise ValueError("not an object")
+    except ValueError as err:
+        stored = {}
+        problem = f"opts is not a JSON object ({err})"
+    attempts = stored.get("attempts")
+    if attempts is not None and (isinstance(attempts, bool) or not isinstance(attempts, (int, float))
+                                 or not math.isfinite(attempts)):
+        problem = f"opts.attempts={attempts!r} is not a finite number"
+    result = (from_wire(stored), problem)
+    if all(type(value) in _SCALARS for value in result[0].values()):
+        if len(_OPTS_CACHE) >= _OPTS_CACHE_MAX:
+            _OPTS_CACHE.clear()
+        _OPTS_CACHE[text] = result
+    return result
+
+
 def job_json_from_raw(raw: Mapping[str, str]) -> dict[str, Any]:
     """A job hash as Node's ``JobJson`` (rawToJobJson): ``data`` stays JSON text, numbers are
     numbers, options have Node's names; fields the hash lacks are left out (Node: undefined)."""
@@ -144,8 +178,9 @@ class Job(FlowJobMixin):
     @classmethod
     def from_raw(cls, queue: "QueueBase", job_id: str, raw: Mapping[str, str]) -> "Job":
         """Build a Job from its hash fields, as upstream stores them."""
+        get = raw.get
         problems: list[str] = []
-        data_text = raw.get("data")
+        data_text = get("data")
         if data_text is None:
             data: Any = {}
         else:
@@ -154,41 +189,50 @@ class Job(FlowJobMixin):
             except ValueError as err:
                 data = data_text
                 problems.append(f"data is not JSON ({err})")
-        try:
-            stored_opts = codec.loads(raw.get("opts") or "{}")
-            if not isinstance(stored_opts, dict):
-                raise ValueError("not an object")
-        except ValueError as err:
-            stored_opts = {}
-            problems.append(f"opts is not a JSON object ({err})")
+        opts, opts_problem = _stored_opts(get("opts") or "{}")
+        if opts_problem is not None:
+            problems.append(opts_problem)
         if "name" not in raw:
             problems.append("the job hash has no name")
-        attempts = stored_opts.get("attempts")
-        if attempts is not None and (isinstance(attempts, bool) or not isinstance(attempts, (int, float))
-                                     or not math.isfinite(attempts)):
-            problems.append(f"opts.attempts={attempts!r} is not a finite number")
-        job = cls(queue, raw.get("name", ""), data, from_wire(stored_opts), job_id)
-        job.timestamp = _int(raw, "timestamp") or 0
-        job.delay = _int(raw, "delay") or 0
-        job.priority = _int(raw, "priority") or 0
-        job.attempts_started = _int(raw, "ats") or 0
-        job.attempts_made = _int(raw, "attemptsMade", None) or _int(raw, "atm") or 0
-        job.stalled_counter = _int(raw, "stc") or 0
-        job.processed_on = _int(raw, "processedOn", None)
-        job.finished_on = _int(raw, "finishedOn", None)
-        job.progress = _json(raw.get("progress"), raw.get("progress", 0))
+        job = cls(queue, get("name", ""), data, opts, job_id)
+        try:  # the usual hash: every number a plain integer (else each is read as _int reads it)
+            job.timestamp = int(get("timestamp") or 0)
+            job.delay = int(get("delay") or 0)
+            job.priority = int(get("priority") or 0)
+            job.attempts_started = int(get("ats") or 0)
+            job.attempts_made = int(get("attemptsMade") or 0) or int(get("atm") or 0)
+            job.stalled_counter = int(get("stc") or 0)
+            value = get("processedOn")
+            job.processed_on = None if value is None else int(value)
+            value = get("finishedOn")
+            job.finished_on = None if value is None else int(value)
+        except (TypeError, ValueError):
+            job.timestamp = _int(raw, "timestamp") or 0
+            job.delay = _int(raw, "delay") or 0
+            job.priority = _int(raw, "priority") or 0
+            job.attempts_started = _int(raw, "ats") or 0
+            job.attempts_made = _int(raw, "attemptsMade", None) or _int(raw, "atm") or 0
+            job.stalled_counter = _int(raw, "stc") or 0
+            job.processed_on = _int(raw, "processedOn", None)
+            job.finished_on = _int(raw, "finishedOn", None)
+        # the fields below are absent from a job that is not finished, retried or a flow's
+        if "progress" in raw:
+            job.progress = _json(raw["progress"], raw["progress"])
         if "returnvalue" in raw:
             job.returnvalue = _json(raw["returnvalue"], raw["returnvalue"])
-        job.failed_reason = raw.get("failedReason")
-        traces = _json(raw.get("stacktrace"), [])
-        job.stacktrace = traces if isinstance(traces, list) else []
-        job.parent_key = raw.get("parentKey") or None
-        job.parent = _json(raw.get("parent"), None)
-        job.repeat_job_key = raw.get("rjk")
-        job.deduplication_id = raw.get("deid")
-        job.processed_by = raw.get("pb")
-        job.group_id = _group_id(raw.get("gid")) or job.group_id
-        job.deferred_failure = raw.get("defa") or None
+        job.failed_reason = get("failedReason")
+        if "stacktrace" in raw:
+            traces = _json(raw["stacktrace"], [])
+            job.stacktrace = traces if isinstance(traces, list) else []
+        job.parent_key = get("parentKey") or None
+        if "parent" in raw:
+            job.parent = _json(raw["parent"], None)
+        job.repeat_job_key = get("rjk")
+        job.deduplication_id = get("deid")
+        job.processed_by = get("pb")
+        if "gid" in raw:
+            job.group_id = _group_id(raw["gid"]) or job.group_id
+        job.deferred_failure = get("defa") or None
         job.parse_error = "; ".join(problems) or None
         return job
 

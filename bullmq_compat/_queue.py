@@ -114,6 +114,9 @@ class QueueBase(EventEmitter):
 
     async def wait_until_ready(self) -> None:
         """Check once that the datastore answers (naming where, without secrets) and run first-use set-up."""
+        ready = self._ready
+        if ready is not None and ready.done() and not ready.cancelled() and ready.exception() is None:
+            return  # every call after the first: no shield, no task
         if self._ready is None:
             self._ready = asyncio.ensure_future(self._first_use())
         try:

@@ -21,6 +21,8 @@ _json_decoder = json.JSONDecoder(parse_constant=_not_json)
 
 def dumps(value: Any, *, what: str = "data") -> str:
     """JSON text as JavaScript's JSON.stringify writes it (compact, UTF-8, no NaN)."""
+    if value is None:  # a processor's usual result
+        return "null"
     try:
         text = _json_encoder.encode(value)
     except (TypeError, ValueError, RecursionError) as err:
@@ -42,8 +44,18 @@ def is_utf8(text: str) -> bool:
     return True
 
 
+_scan_once = _json_decoder.scan_once
+
+
 def loads(text: str) -> Any:
-    return _json_decoder.decode(text)
+    """JSON.parse: the text must be one JSON value (surrounding whitespace allowed)."""
+    try:  # the usual text, with no whitespace around it: straight to the C scanner
+        value, end = _scan_once(text, 0)
+        if end == len(text):
+            return value
+    except StopIteration:
+        pass
+    return _json_decoder.decode(text)  # whitespace, trailing text, or not JSON: the full decoder's answer
 
 
 def pack(value: Any) -> bytes:

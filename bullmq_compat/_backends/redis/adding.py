@@ -1,6 +1,7 @@
 """Turning one `add` into one upstream script call, choosing the script the way Node does."""
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
@@ -37,6 +38,20 @@ def check_job_name(name: Any) -> str:
     if not codec.is_utf8(name):
         raise InvalidArgument(f"job name {name!r} is not valid UTF-8 text (a lone surrogate)")
     return name
+
+
+@functools.lru_cache(maxsize=256)
+def _add_keys(keys: QueueKeys) -> tuple[tuple[str, ...], ...]:
+    """The KEYS of addParentJob, addDelayedJob, addPrioritizedJob and addStandardJob for a queue
+    (made once per queue, not per add)."""
+    return (
+        (keys.meta, keys.id, keys.delayed, keys.waiting_children, keys.completed, keys.events),
+        (keys.marker, keys.meta, keys.id, keys.delayed, keys.completed, keys.events),
+        (keys.marker, keys.meta, keys.id, keys.prioritized, keys.delayed, keys.completed, keys.active, keys.events,
+         keys.pc),
+        (keys.wait, keys.paused, keys.meta, keys.id, keys.completed, keys.delayed, keys.active, keys.events,
+         keys.marker),
+    )
 
 
 def prepare_add(keys: QueueKeys, name: str, data: Any, opts: Mapping[str, Any], *,
@@ -85,18 +100,16 @@ def prepare_add(keys: QueueKeys, name: str, data: Any, opts: Mapping[str, Any], 
         extra_args = [group["id"], order_ms if order_ms is not None else timestamp, int(time.time() * 1000)]
     elif add_to_waiting_children:
         script = scripts["addParentJob"]
-        script_keys = [keys.meta, keys.id, keys.delayed, keys.waiting_children, keys.completed, keys.events]
+        script_keys = list(_add_keys(keys)[0])
     elif isinstance(delay, (int, float)) and delay > 0:
         script = scripts["addDelayedJob"]
-        script_keys = [keys.marker, keys.meta, keys.id, keys.delayed, keys.completed, keys.events]
+        script_keys = list(_add_keys(keys)[1])
     elif opts.get("priority"):
         script = scripts["addPrioritizedJob"]
-        script_keys = [keys.marker, keys.meta, keys.id, keys.prioritized, keys.delayed, keys.completed,
-                       keys.active, keys.events, keys.pc]
+        script_keys = list(_add_keys(keys)[2])
     else:
         script = scripts["addStandardJob"]
-        script_keys = [keys.wait, keys.paused, keys.meta, keys.id, keys.completed, keys.delayed,
-                       keys.active, keys.events, keys.marker]
+        script_keys = list(_add_keys(keys)[3])
     return PreparedAdd(
         name=name, data=data if data is not None else {}, data_json=data_json, opts=dict(opts),
         wire_opts=wire_opts, timestamp=timestamp, job_id=job_id, script=script, keys=script_keys,

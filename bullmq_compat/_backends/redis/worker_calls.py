@@ -15,6 +15,12 @@ from bullmq_compat._backends.redis.lua import Script, own_script, upstream_scrip
 
 Call = tuple[Script, list[Any], list[Any]]
 
+# the job options (Python names) moveToFinished's packed options are made of, besides attempts
+_FINISH_JOB_OPTIONS = frozenset({"remove_on_complete", "remove_on_fail", "fail_parent_on_failure",
+                                 "continue_parent_on_failure", "ignore_dependency_on_failure",
+                                 "remove_dependency_on_failure"})
+_PACKED_FINISH_MAX = 1024
+
 
 @dataclass
 class WorkerWireOptions:
@@ -75,21 +81,24 @@ class WorkerCalls:
         self._completed_tail = (k.completed, k["metrics:completed"], k.marker)
         self._failed_tail = (k.failed, k["metrics:failed"], k.marker)
         self._delayed_keys_head = [k.marker, k.active, k.prioritized, k.delayed]
+        self._packed_finish: dict[Any, bytes] = {}
         self._stalled_keys = [k.stalled, k.wait, k.active, k.stalled_check, k.meta, k.paused, k.marker,
                               k.events, k.repeat]
 
     def move_to_active(self, token: str, now: int) -> Call:
         return self._move_to_active, self._active_keys, [self.keys.prefix_key, now, self.opts.fetch_opts(token)]
 
-    def move_to_finished(self, job_id: str, job_opts: Mapping[str, Any], target: str, value: str, token: str,
-                         now: int, fetch_next: bool, fields_to_update: Optional[Mapping[str, Any]] = None,
-                         group_id: Optional[str] = None) -> Call:
-        """``target`` is 'completed' (value = JSON text) or 'failed' (value = the failed reason).
-
-        A group job (``group_id``) finishes through our moveToFinishedGroup script: upstream's
-        moveToFinished unchanged, then its group's next job released, in the same call."""
-        completed = target == "completed"
-        tail_set, metrics, marker = self._completed_tail if completed else self._failed_tail
+    def _finish_opts(self, job_opts: Mapping[str, Any], completed: bool, token: str) -> bytes:
+        """moveToFinished's packed options. For a job with none of the options they carry but
+        ``attempts`` (the usual job), the pack depends only on the token and the attempts: kept, as a
+        slot finishes job after job with one token (moveToFinished's fetchNext reuses it)."""
+        key: Any = None
+        attempts = job_opts.get("attempts")
+        if type(attempts) in (int, type(None)) and not (job_opts.keys() & _FINISH_JOB_OPTIONS):
+            key = (completed, token, attempts)
+            packed = self._packed_finish.get(key)
+            if packed is not None:
+                return packed
         worker_keep = self.opts.remove_on_complete if completed else self.opts.remove_on_fail
         job_keep = job_opts.get("remove_on_complete" if completed else "remove_on_fail")
         packed = codec.pack({
@@ -101,6 +110,22 @@ class WorkerCalls:
             "idof": bool(job_opts.get("ignore_dependency_on_failure")),
             "rdof": bool(job_opts.get("remove_dependency_on_failure")),
         })
+        if key is not None:
+            if len(self._packed_finish) >= _PACKED_FINISH_MAX:  # old tokens: their slots moved on
+                self._packed_finish.clear()
+            self._packed_finish[key] = packed
+        return packed
+
+    def move_to_finished(self, job_id: str, job_opts: Mapping[str, Any], target: str, value: str, token: str,
+                         now: int, fetch_next: bool, fields_to_update: Optional[Mapping[str, Any]] = None,
+                         group_id: Optional[str] = None) -> Call:
+        """``target`` is 'completed' (value = JSON text) or 'failed' (value = the failed reason).
+
+        A group job (``group_id``) finishes through our moveToFinishedGroup script: upstream's
+        moveToFinished unchanged, then its group's next job released, in the same call."""
+        completed = target == "completed"
+        tail_set, metrics, marker = self._completed_tail if completed else self._failed_tail
+        packed = self._finish_opts(job_opts, completed, token)
         keys = [*self._finished_head, tail_set, self.keys.job(job_id), metrics, marker]
         args = [job_id, now, "returnvalue" if completed else "failedReason", value, target,
                 1 if fetch_next else 0, self.keys.prefix_key, packed,
