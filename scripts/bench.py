@@ -12,6 +12,10 @@ before every run, and runs each measurement for each implementation in a fresh p
             (the venv is created and ``bullmq==<latest>`` installed into it by this script;
             skipped with a note if that fails)
   compat    .venv/bin/python scripts/bench_compat.py '<json>'
+  floor     .venv/bin/python scripts/bench_floor.py '<json>': not a client but the bare loop over the
+            same upstream scripts, keys and arguments bullmq-compat sends, on its own connection class
+            (see that file): what this machine allows a Python client, so every row is also given
+            as a fraction of it ("of floor"). Redis rows only; none for latency or groups.
 
 All three do identical work: jobs {name: "bench", data: {"i": i}} with no options, no-op
 processors, one process per run, no warm-up for anyone. Rounds interleave the implementations
@@ -55,6 +59,10 @@ and the raw Redis INFO texts around it (CONFIG RESETSTAT right before). From the
                      The nested sum is kept in the JSON as redisNestedUsec.
   Redis CPU us/job   INFO cpu: redis-server's used_cpu_user+used_cpu_sys delta / jobs (all the
                      work of the server, parsing and networking included).
+  of floor           jobs/s median / the floor's jobs/s median (same measurement, same run).
+  of Redis ceiling   jobs/s x Redis CPU us/job: the share of one core redis-server used, i.e. the
+                     throughput as a fraction of 1 / Redis CPU per job, the rate at which Redis
+                     itself would be the limit (single-threaded: one core at most).
 """
 from __future__ import annotations
 
@@ -82,7 +90,7 @@ sys.path.insert(0, ROOT)
 from tests._redis_server import RedisServer  # noqa: E402
 
 OFFICIAL_VENV = os.path.join(ROOT, "bench-results", ".venv-official")
-IMPLS = ("node", "official", "compat")
+IMPLS = ("node", "official", "compat", "floor")
 RUN_TIMEOUT = 1800
 
 # commands that run at top level only (or that BullMQ clients only send at top level):
@@ -186,6 +194,24 @@ def compat_impl() -> tuple[Optional[Impl], str]:
     return Impl("compat", f"bullmq-compat {version}", [sys.executable, os.path.join(ROOT, "scripts",
                                                                                        "bench_compat.py")],
                 version), ""
+
+
+def floor_impl() -> tuple[Optional[Impl], str]:
+    """The bare upstream-script loop (scripts/bench_floor.py), in this interpreter."""
+    version = command_output([sys.executable, "-c", "import bullmq_compat; print(bullmq_compat.__version__)"])
+    if not version:
+        return None, "bullmq_compat is not importable from this interpreter (the floor uses its scripts)"
+    return Impl("floor", "floor (bare script loop)", [sys.executable, os.path.join(ROOT, "scripts", "bench_floor.py")],
+                version), ""
+
+
+def runs_here(impl: Impl, m: Measurement) -> bool:
+    """Whether ``impl`` takes part in measurement ``m``."""
+    if m.only and impl.key != m.only:
+        return False
+    if impl.key == "floor":  # a loop over Redis scripts: no PostgreSQL, no idle wait, no group gate
+        return m.backend == "redis" and not m.is_latency and not m.groups
+    return True
 
 
 def _pip(python: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -378,6 +404,8 @@ def run_one(impl: Impl, m: Measurement, target: Target) -> dict[str, Any]:
         run.update(redis_figures(out))
         run["redisCmdUsPerJob"] = run["redisTopUsec"] / jobs
         run["redisCpuUsPerJob"] = run["redisCpuUsec"] / jobs
+        # throughput over 1 / (Redis CPU per job): how busy the single-threaded server was
+        run["redisCeilingShare"] = run["jobsPerSec"] * run["redisCpuUsPerJob"] / 1e6
     if schema is not None:
         run["schema"] = schema
     if m.is_latency:
@@ -478,7 +506,7 @@ def cell_summary(cell: Cell, m: Measurement) -> Optional[dict[str, Any]]:
         return None
     keys = ["jobsPerSec", "seconds", "clientCpuUsPerJob", "clientCpuShare"]
     if m.backend == "redis":
-        keys += ["redisCmdUsPerJob", "redisCpuUsPerJob"]
+        keys += ["redisCmdUsPerJob", "redisCpuUsPerJob", "redisCeilingShare"]
     if m.is_latency:
         keys += ["p50Ms", "p99Ms"]
     if all("pairedRatio" in r for r in cell.runs):
@@ -522,12 +550,13 @@ def render_table(m: Measurement, impls: list[Impl], summary: dict[str, Any], cel
         header = ["implementation", "p50 ms median [min-max]", "p99 ms median [min-max]", "p50 vs Node",
                   "client CPU us/job", "Redis cmd us/job", "Redis CPU us/job"]
     else:
-        header = ["implementation", "jobs/s median [min-max]", "vs Node", "client CPU us/job",
-                  "Redis cmd us/job", "Redis CPU us/job"]
+        header = ["implementation", "jobs/s median [min-max]", "vs Node", "of floor", "client CPU us/job",
+                  "Redis cmd us/job", "Redis CPU us/job", "of Redis ceiling"]
+    floor = summary.get("floor")
     rows = []
     for impl in impls:
         s = summary.get(impl.key)
-        if m.only and impl.key != m.only:
+        if not runs_here(impl, m):
             continue
         if not_here and impl.key in not_here:
             rows.append([impl.label, f"n/a: {not_here[impl.key]}"] + [""] * (len(header) - 2))
@@ -551,7 +580,10 @@ def render_table(m: Measurement, impls: list[Impl], summary: dict[str, Any], cel
         else:
             ratio = (f"{s['jobsPerSec']['median'] / node['jobsPerSec']['median']:.2f}x"
                      if node and node["jobsPerSec"]["median"] else "-")
-            rows.append([impl.label, fmt_range(s["jobsPerSec"]), ratio, cpu, rcmd, rcpu])
+            of_floor = (f"{s['jobsPerSec']['median'] / floor['jobsPerSec']['median'] * 100:.0f}%"
+                        if floor and floor["jobsPerSec"]["median"] else "-")
+            ceiling = f"{s['redisCeilingShare']['median'] * 100:.0f}%"
+            rows.append([impl.label, fmt_range(s["jobsPerSec"]), ratio, of_floor, cpu, rcmd, rcpu, ceiling])
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = [f"== {m.title}"]
     for i, r in enumerate([header, *rows]):
@@ -561,6 +593,9 @@ def render_table(m: Measurement, impls: list[Impl], summary: dict[str, Any], cel
             lines.append("  ".join("-" * w for w in widths))
     if m.is_latency:
         lines.append("   (p50 vs Node: lower is better; per-job figures are over the whole timed section)")
+    elif not pg:
+        lines.append("   (of floor: jobs/s over the bare script loop's; of Redis ceiling: jobs/s x Redis CPU per job, "
+                     "the share of a core redis-server used)")
     return "\n".join(lines)
 
 
@@ -671,7 +706,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     impls: list[Impl] = []
     skipped: dict[str, str] = {}
     not_on_pg: dict[str, str] = {}   # implementation -> why it has no PostgreSQL runs
-    for key, factory in (("node", node_impl), ("official", official_impl), ("compat", compat_impl)):
+    for key, factory in (("node", node_impl), ("official", official_impl), ("compat", compat_impl),
+                         ("floor", floor_impl)):
         if key not in wanted:
             continue
         impl, why = factory()
@@ -713,7 +749,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             for m in plan:
                 order = impls[r % len(impls):] + impls[:r % len(impls)]
                 for impl in order:
-                    if m.only and impl.key != m.only:
+                    if not runs_here(impl, m):
                         continue
                     if m.backend == "postgres" and impl.key in not_on_pg:
                         continue

@@ -1,4 +1,5 @@
-"""Smoke test of scripts/bench.py: a quick run of bullmq-compat and Node BullMQ (no official port).
+"""Smoke test of scripts/bench.py: a quick run of bullmq-compat, Node BullMQ and the floor (the bare
+script loop of scripts/bench_floor.py); no official port.
 
 It starts its own redis-server (so it needs redis-server on PATH), plus node and interop/node_modules.
 """
@@ -28,16 +29,17 @@ def test_bench_quick_compat_and_node(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--only", "compat,node", "--jobs", "500",
-         "--rounds", "1", "--backends", "redis", "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        [sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--only", "compat,node,floor", "--jobs",
+         "500", "--rounds", "1", "--backends", "redis", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     elapsed = time.monotonic() - started
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert elapsed < 60, f"the quick benchmark took {elapsed:.0f} s"
+    # quick means the small sizes (a full-size run takes many minutes); generous for a loaded machine
+    assert elapsed < 180, f"the quick benchmark took {elapsed:.0f} s"
     assert "vs Node" in proc.stdout
 
     doc = json.loads(out.read_text())
-    assert set(doc["implementations"]) == {"compat", "node"}
+    assert set(doc["implementations"]) == {"compat", "node", "floor"}
     assert doc["machine"]["cores"] and doc["machine"]["redis_version"]
     keys = {m["key"] for m in doc["config"]["measurements"]}
     assert {"add", "add-bulk", "process-c1", "process-c10-roc", "process-c100", "latency"} <= keys
@@ -54,6 +56,17 @@ def test_bench_quick_compat_and_node(tmp_path: Path) -> None:
             assert s["redisCmdUsPerJob"]["median"] > 0
             if key == "latency":
                 assert 0 <= s["p50Ms"]["median"] <= s["p99Ms"]["median"]
+            else:  # the share of a core redis-server used: jobs/s x its CPU per job
+                share = s["redisCeilingShare"]["median"]
+                assert 0 < share <= 1.5, (key, impl, share)  # one core at most, give or take the sampling
+        # the floor runs every Redis row but latency and groups, and is the 100% of its table's "of floor"
+        floor = per_impl.get("floor")
+        if key in ("latency", "process-grouped"):
+            assert floor is None, (key, floor)
+        else:
+            assert floor is not None and floor["jobsPerSec"]["median"] > 0, (key, doc["runs"][key]["floor"]["errors"])
+            assert floor["redisCmdUsPerJob"]["median"] > 0
+    assert "of floor" in proc.stdout and "floor (bare script loop)" in proc.stdout
 
 
 def _postgres_url() -> str:
