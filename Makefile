@@ -4,7 +4,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test bench demo clean upstream interop browser postgres chaos
+.PHONY: setup test bench bench-memory demo clean upstream interop browser postgres chaos
 
 setup: $(STAMP) upstream interop interop/lua/addGroupJob.lua browser postgres
 
@@ -51,6 +51,10 @@ demo: setup
 
 bench: setup
 	$(VPY) scripts/bench.py $(BENCH_ARGS)
+
+# a worker's and a producer's RSS over 1,000,000 jobs (own redis-server; about 20 minutes)
+bench-memory: setup
+	$(VPY) scripts/bench_memory.py $(BENCH_MEMORY_ARGS)
 
 clean:
 	rm -rf $(VENV) bullmq_compat/_upstream interop/node_modules
