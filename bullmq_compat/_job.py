@@ -487,7 +487,9 @@ class Job(FlowJobMixin):
         `NextJob` when ``fetch_next``. Raises `InvalidJobData` for a value that is not JSON."""
         value = codec.dumps(return_value, what="return value")
         now = int(time.time() * 1000)
-        channel = await self._channel()
+        channel = getattr(self.queue, "_channel", None)  # a running Worker's: no coroutine to await
+        if channel is None:
+            channel = await self._channel()
         reply = await self.queue.finishing(lambda: channel.move_to_finished(
             str(self.id), self.opts, "completed", value, token, now, fetch_next, group_id=self.group_id))
         self.returnvalue = return_value

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import json.encoder as _json_encoder_c
 from typing import Any, Mapping
 
 import msgpack
@@ -9,6 +10,13 @@ import msgpack
 from bullmq_compat._errors import InvalidJobData
 
 _json_encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+# the C encoder JSONEncoder.encode builds on every call, built once: no cycle check (markers None),
+# so whatever it refuses (a cycle among them) is encoded again by _json_encoder for its own error
+_c_make_encoder: Any = getattr(_json_encoder_c, "c_make_encoder", None)
+_c_encode: Any = None
+if _c_make_encoder is not None:  # CPython
+    _c_encode = _c_make_encoder(
+        None, _json_encoder.default, _json_encoder_c.encode_basestring, None, ":", ",", False, False, False)
 
 
 def _not_json(constant: str) -> Any:
@@ -24,7 +32,10 @@ def dumps(value: Any, *, what: str = "data") -> str:
     if value is None:  # a processor's usual result
         return "null"
     try:
-        text = _json_encoder.encode(value)
+        try:
+            text = "".join(_c_encode(value, 0))
+        except Exception:  # TypeError/ValueError/RecursionError, or no C encoder: the full encoder says why
+            text = _json_encoder.encode(value)
     except (TypeError, ValueError, RecursionError) as err:
         raise InvalidJobData(
             f"job {what} {_short(value)} is not JSON-serialisable ({err}); "
@@ -44,7 +55,7 @@ def is_utf8(text: str) -> bool:
     return True
 
 
-_scan_once = _json_decoder.scan_once
+_scan_once: Any = getattr(_json_decoder, "scan_once")
 
 
 def loads(text: str) -> Any:

@@ -213,6 +213,8 @@ def normalize_job_options(opts: Mapping[str, Any], *, extra: Mapping[str, Callab
 
     ``extra`` lets a feature (the group layer) accept options of its own by Python name.
     """
+    if not opts:  # add(name, data) without options: nothing to check
+        return {}
     out: dict[str, Any] = {}
     for name, value in opts.items():
         if value is None:

@@ -152,9 +152,11 @@ class RedisBackend(QueueBackend):
 
     async def call_scripts(self, calls: Sequence[Any]) -> list[Any]:
         """Hot script calls (adds) in one round trip, on the fast channel where it serves."""
-        channel = await self.fast_channel()
+        channel = self._fast or await self.fast_channel()
         if channel is None:
             return list(await self.runner.call_many(list(calls)))
+        if len(calls) == 1:
+            return [await channel.call_one(calls[0])]
         return list(await channel.call_many(list(calls), raise_errors=False))
 
     async def _run(self, script: Any, keys: list[Any], args: list[Any], *, job_id: str = "",

@@ -157,6 +157,25 @@ class FastChannel(Channel):
                 raise
         return await conn.execute(b"EVAL", script.lua, num_keys, *argv)
 
+    async def call_one(self, call: Call) -> Any:
+        """``call_many([call], raise_errors=False)[0]`` without its lists (one add at a time)."""
+        script, keys, args = call
+        conn = self._conn
+        if conn is None or conn.closed:
+            conn = await self._connection()
+        argv = _argv(keys, args)
+        try:
+            return await conn.execute(b"EVALSHA", script.sha, len(keys), *argv)
+        except ReplyError as err:
+            if err.code != "NOSCRIPT":
+                return err
+        except Exception as err:
+            return err
+        try:  # it never ran: load it by running it with EVAL
+            return await conn.execute(b"EVAL", script.lua, len(keys), *argv)
+        except Exception as err:
+            return err
+
     async def call_many(self, calls: list[Call], raise_errors: bool = True) -> list[Any]:
         """With ``raise_errors=False`` each failed call's exception is returned in its place."""
         # all queued in this tick: one connection, one write, run by Redis in this order

@@ -188,8 +188,14 @@ def parse_next_job(result: Any) -> tuple[Optional[dict[str, str]], Optional[str]
     if flat:
         if type(flat[0]) is bytes:
             flat = codec.to_str(flat)
-        raw = dict(zip(flat[0::2], flat[1::2]))
-    job_id = codec.to_str(result[1]) if len(result) > 1 and result[1] else None
-    limit = int(result[2] or 0) if len(result) > 2 else 0
-    delay_until = int(result[3] or 0) if len(result) > 3 else 0
+        pairs = iter(flat)
+        raw = dict(zip(pairs, pairs))
+    n = len(result)
+    job_id = result[1] if n > 1 else None
+    if not job_id:
+        job_id = None
+    elif type(job_id) is not str:
+        job_id = codec.to_str(job_id)
+    limit = int(result[2] or 0) if n > 2 else 0
+    delay_until = int(result[3] or 0) if n > 3 else 0
     return raw, job_id, limit, delay_until
