@@ -115,3 +115,25 @@ def test_bench_quick_postgres_rows(tmp_path: Path) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         left = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname = ANY(%s)", [list(used)]).fetchall()
     assert not left, f"schemas not dropped: {left}"
+
+
+def test_bench_memory_small(tmp_path: Path) -> None:
+    """scripts/bench_memory.py at a tiny size: each mode reports RSS before the first job, at every
+    step and at the end, from a process of its own, and every job is done (the worker's last reading
+    comes from its 'completed' listener, the producer's after its last add)."""
+    out = tmp_path / "memory.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_memory.py"), "--jobs", "300", "--every", "100",
+         "--concurrency", "3", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert set(doc["results"]) == {"worker", "producer"}
+    for mode, result in doc["results"].items():
+        readings = result["readings"]
+        assert [r["jobs"] for r in readings] == [0, 100, 200, 300], (mode, readings)
+        assert all(r["rssMb"] > 5 for r in readings), readings
+        s = result["summary"]
+        assert s["startMb"] == readings[0]["rssMb"] and s["endMb"] == readings[-1]["rssMb"]
+        assert s["minMb"] <= s["maxMb"]
+    assert "worker: RSS" in proc.stdout and "producer: RSS" in proc.stdout
