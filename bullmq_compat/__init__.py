@@ -76,3 +76,6 @@ from bullmq_compat._cancellation import AbortController, AbortError, AbortSignal
 from bullmq_compat._lock_manager import LockManager  # noqa: E402
 
 __all__ += ["AbortController", "AbortError", "AbortSignal", "LockManager", "WaitingError"]
+from bullmq_compat._job_ids import uuid7_ids  # noqa: E402
+
+__all__ += ["uuid7_ids"]
