@@ -27,7 +27,6 @@ Shapes shared by both backends:
 from __future__ import annotations
 
 import abc
-import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
@@ -145,7 +144,8 @@ class QueueFigures:
     #: Node's metrics totals (``getMetrics(...).meta.count``) of completed and failed jobs
     completed_total: int
     failed_total: int
-    #: the job next in line of the wait list and of the prioritized set (0, 1 or 2 jobs)
+    #: the fields (at least ``timestamp``) of the job next in line of the wait list and of the
+    #: prioritized set (0, 1 or 2 jobs)
     next_waiting: list[JobFields]
     #: the workers (of any language) connected to the queue, as `get_client_list` finds them
     workers: int
@@ -242,15 +242,10 @@ class QueueBackend(abc.ABC):
     async def get_metrics(self, type: str, start: int, end: int) -> tuple[list[Any], list[Any], int]:
         """(meta [count, prevTS, prevCount], data points newest first, number of points)."""
 
+    @abc.abstractmethod
     async def get_figures(self, states: Sequence[str]) -> QueueFigures:
-        """What a metrics scrape reads of this queue (`QueueFigures`); by default the reads above,
-        concurrently; a backend that can batches them into one round trip."""
-        counts, completed, failed, waiting, clients = await asyncio.gather(
-            self.get_counts(states), self.get_metrics("completed", 0, 0), self.get_metrics("failed", 0, 0),
-            self.get_jobs(["waiting", "prioritized"], 0, 0, True), self.get_client_list())
-        return QueueFigures(counts=[int(c or 0) for c in counts], completed_total=metrics_total(completed[0]),
-                            failed_total=metrics_total(failed[0]), next_waiting=[fields for _, fields in waiting],
-                            workers=len(clients))
+        """What a metrics scrape reads of this queue (`QueueFigures`, counts of ``states``), in as few
+        round trips as the datastore allows (`bullmq-compat metrics`, see _prometheus)."""
 
     @abc.abstractmethod
     async def get_rate_limit_ttl(self, max_jobs: Optional[int]) -> int: ...
