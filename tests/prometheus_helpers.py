@@ -37,8 +37,10 @@ def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
-def value(page: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> Optional[float]:
-    return page.get((name, frozenset(labels.items())))
+def value(page: dict[tuple[str, frozenset[tuple[str, str]]], float], series: str, /, **labels: str
+          ) -> Optional[float]:
+    """The sample of ``series`` with exactly ``labels`` (None: not on the page)."""
+    return page.get((series, frozenset(labels.items())))
 
 
 class MetricsCli:
