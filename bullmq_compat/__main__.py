@@ -245,10 +245,13 @@ async def cmd_metrics(args: argparse.Namespace) -> int:
     check_port("--port", args.port)
     if args.timeout <= 0:
         raise CliError(f"--timeout {args.timeout:g} must be a number of seconds > 0")
+    if args.discovery_interval < 0:
+        raise CliError(f"--discovery-interval {args.discovery_interval:g} must be a number of seconds >= 0")
     secrets = secrets_of([args.redis, args.postgres or ""])
     reader = QueueReader(lambda name: _queue(args, name), names=args.queue,
                          discover=None if args.queue else lambda: _discover_queues(args),
-                         describe_error=lambda err: scrub(f"{type(err).__name__}: {err}", secrets))
+                         describe_error=lambda err: scrub(f"{type(err).__name__}: {err}", secrets),
+                         discovery_interval=args.discovery_interval)
     server = QueueMetricsServer(QueueCollector(reader, asyncio.get_running_loop(), timeout=args.timeout))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -366,6 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all-queues", action="store_true", help="every queue, found again at each scrape")
     p.add_argument("--port", type=int, default=9464, help="port of /metrics (default 9464; 0: any free port)")
     p.add_argument("--host", default="0.0.0.0", help="address to bind (default 0.0.0.0)")
+    p.add_argument("--discovery-interval", type=float, default=0.0,
+                   help="with --all-queues: seconds between two searches for queues (default 0: at every scrape)")
     p.add_argument("--timeout", type=float, default=5.0,
                    help="seconds a scrape waits for the reads; past it bullmq_up is 0 (default 5)")
     p.set_defaults(run=cmd_metrics)

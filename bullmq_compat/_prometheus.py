@@ -11,7 +11,8 @@ Two sources, each served by ``prometheus_client``'s HTTP server:
 * `WorkerMetrics`, the hook of ``Worker(metrics_port=...)``: per finished attempt, the histogram
   ``bullmq_job_duration_seconds{queue,name,status}`` and the counters
   ``bullmq_worker_jobs_completed_total`` / ``bullmq_worker_jobs_failed_total{queue,name}``. One
-  registry and one HTTP server per process, whatever the number of workers (`serve_worker_metrics`).
+  registry and one HTTP server per process, whatever the number of workers (`serve_worker_metrics`,
+  `stop_worker_metrics`, `worker_metrics_port`, `worker_metrics_registry`: exported by ``bullmq_compat``).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Optional, Sequence
 
-from bullmq_compat._errors import BullMQCompatError, InvalidArgument
+from bullmq_compat._errors import InvalidArgument, MetricsUnavailable
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -37,10 +38,6 @@ EXTRA_HINT = "pip install 'bullmq-compat[metrics]'"
 
 #: buckets of ``bullmq_job_duration_seconds`` (seconds): 5 ms to 10 min
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
-
-
-class MetricsUnavailable(BullMQCompatError):
-    """prometheus_client is not installed (the ``metrics`` extra)."""
 
 
 def prometheus_client() -> ModuleType:
@@ -117,12 +114,16 @@ class QueueReader:
 
     def __init__(self, open_queue: Callable[[str], "Queue"], names: Optional[Sequence[str]] = None,
                  discover: Optional[Callable[[], Awaitable[list[str]]]] = None,
-                 describe_error: Callable[[BaseException], str] = str) -> None:
+                 describe_error: Callable[[BaseException], str] = str, discovery_interval: float = 0.0) -> None:
         if names is None and discover is None:
             raise InvalidArgument("QueueReader needs queue names or a discover() coroutine function")
         self._open_queue, self._names, self._discover = open_queue, list(names or []), discover
         self._describe_error = describe_error
         self._queues: dict[str, "Queue"] = {}
+        # seconds between two discoveries (0: at every scrape); the queues found last are read meanwhile
+        self._discovery_interval = discovery_interval
+        self._discovered: Optional[list[str]] = None
+        self._discovered_at = 0.0
 
     async def read(self) -> Scrape:
         from bullmq_compat._queue import ALL_STATES
@@ -130,10 +131,14 @@ class QueueReader:
         started = time.monotonic()
         names, discovery_error = self._names, None
         if self._discover is not None and not self._names:
-            try:
-                names = await self._discover()
-            except Exception as err:
-                names, discovery_error = list(self._queues), self._describe_error(err)
+            if self._discovered is not None and started - self._discovered_at < self._discovery_interval:
+                names = self._discovered
+            else:
+                try:
+                    names = self._discovered = await self._discover()
+                    self._discovered_at = started
+                except Exception as err:
+                    names, discovery_error = list(self._queues), self._describe_error(err)
             for gone in set(self._queues) - set(names):
                 await self._close_queue(gone)
 
@@ -280,7 +285,7 @@ _instruments: Optional[_WorkerInstruments] = None
 _served: Optional[tuple[int, Any, threading.Thread]] = None  # (port, server, thread)
 
 
-def worker_registry() -> "CollectorRegistry":
+def worker_metrics_registry() -> "CollectorRegistry":
     """The registry of this process's worker metrics (to serve it yourself, or to read it in tests)."""
     return _worker_instruments().registry
 
@@ -300,7 +305,7 @@ def serve_worker_metrics(port: int, host: str = "0.0.0.0") -> int:
     or 0, shares the server; another port is refused. Served until `stop_worker_metrics`."""
     global _served
     check_port("metrics_port", port)
-    registry = worker_registry()
+    registry = worker_metrics_registry()
     with _lock:
         if _served is not None:
             if port not in (0, _served[0]):

@@ -55,7 +55,8 @@ class MetricsCli:
         found = re.search(r":(\d+)/metrics", line)
         if found is None:
             self.stop()
-            raise AssertionError(f"the metrics CLI did not start: {line!r} {self.proc.stderr.read() if self.proc.stderr else ''}")
+            errors = self.proc.stderr.read() if self.proc.stderr else ""
+            raise AssertionError(f"the metrics CLI did not start: {line!r} {errors}")
         self.port = int(found.group(1))
 
     @property
@@ -102,8 +103,9 @@ class PrometheusServer:
                 break
             except OSError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
+                    log = (self.dir / "prometheus.log").read_text()[-2000:]
                     self.stop()
-                    raise AssertionError(f"prometheus did not start: {(self.dir / 'prometheus.log').read_text()[-2000:]}")
+                    raise AssertionError(f"prometheus did not start: {log}")
                 time.sleep(0.2)
 
     @property

@@ -16,11 +16,11 @@ from typing import Any, Optional
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from bullmq_compat import InvalidArgument, Queue, Worker
-from bullmq_compat._prometheus import (
-    MetricsUnavailable, QueueCollector, QueueReader, prometheus_client, serve_worker_metrics,
-    stop_worker_metrics, worker_metrics_port, worker_registry,
+from bullmq_compat import (
+    InvalidArgument, MetricsUnavailable, Queue, Worker, serve_worker_metrics, stop_worker_metrics,
+    worker_metrics_port, worker_metrics_registry,
 )
+from bullmq_compat._prometheus import QueueCollector, QueueReader, prometheus_client
 from tests._redis_server import free_port
 from tests.prometheus_helpers import ROOT, MetricsCli, PrometheusServer, get, samples, value
 
@@ -161,6 +161,31 @@ async def test_all_queues_are_found_again_at_each_scrape(redis_url: str, queue_n
         await queue_b.close()
 
 
+async def test_discovery_interval_searches_at_most_that_often(redis_url: str, queue_name: str) -> None:
+    searches: list[float] = []
+    found = [queue_name]
+
+    async def discover() -> list[str]:
+        searches.append(time.monotonic())
+        return list(found)
+
+    queue = Queue(queue_name, redis_url)
+    await queue.add("x", {})
+    reader = QueueReader(lambda name: Queue(name, redis_url), discover=discover, discovery_interval=3600)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(QueueCollector(reader, asyncio.get_running_loop(), log=lambda line: None))
+    try:
+        for _ in range(3):
+            page = await scrape(registry)
+            assert value(page, "bullmq_job_count", queue=queue_name, state="waiting") == 1
+        assert len(searches) == 1  # the queues found first are read again, not searched for
+        found.append(f"{queue_name}-new")
+        assert value(await scrape(registry), "bullmq_queue_up", queue=f"{queue_name}-new") is None
+    finally:
+        await reader.close()
+        await queue.close()
+
+
 async def test_a_datastore_error_is_an_up_gauge_of_0_not_a_failed_scrape() -> None:
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     logged: list[str] = []
@@ -220,6 +245,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
     (["metrics", "--queue", "a", "--all-queues"], "--queue NAME (repeatable) or --all-queues"),
     (["metrics", "--queue", "a", "--port", "70000"], "--port=70000 must be a TCP port"),
     (["metrics", "--queue", "a", "--timeout", "0"], "--timeout 0 must be a number of seconds > 0"),
+    (["metrics", "--all-queues", "--discovery-interval", "-1"], "--discovery-interval -1 must be"),
     (["worker", "tests.cli_jobs:double", "--queue", "a", "--metrics-port", "-1"], "metrics_port=-1 must be a TCP port"),
 ])
 def test_cli_metrics_bad_options_say_what_to_pass(args: list[str], message: str, redis_url: str) -> None:
@@ -287,7 +313,7 @@ async def test_worker_metrics_port_records_durations_and_counters_by_name(redis_
     try:
         await run_jobs(queue_name, redis_url, ok=4, bad=2, metrics_port=port)
         assert worker_metrics_port() == port
-        registry = worker_registry()
+        registry = worker_metrics_registry()
         assert registry.get_sample_value("bullmq_worker_jobs_completed_total", {"queue": queue_name, "name": "ok"}) == 4
         assert registry.get_sample_value("bullmq_worker_jobs_failed_total", {"queue": queue_name, "name": "bad"}) == 2
         assert registry.get_sample_value("bullmq_job_duration_seconds_count",
