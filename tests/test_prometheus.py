@@ -262,6 +262,19 @@ def test_cli_postgres_alone_without_postgres_url_says_so(redis_url: str) -> None
     assert done.returncode == 2 and "$POSTGRES_URL, which is not set" in done.stderr, done.stderr
 
 
+def test_cli_metrics_on_a_datastore_down_answers_up_0_and_masks_the_password() -> None:
+    endpoint = MetricsCli("--redis", f"redis://:s3cret-pw@127.0.0.1:{free_port()}/0", "--queue", "a")
+    try:
+        page = endpoint.page()
+        assert value(page, "bullmq_up") == 0 and value(page, "bullmq_queue_up", queue="a") == 0
+        assert value(endpoint.page(), "bullmq_scrape_errors_total") == 2
+    finally:
+        assert endpoint.stop() == 0
+    assert endpoint.proc.stderr is not None
+    errors = endpoint.proc.stderr.read()
+    assert "bullmq-compat metrics: queue a:" in errors and "s3cret-pw" not in errors, errors
+
+
 def test_cli_metrics_serves_named_queues_on_redis(redis_url: str, queue_name: str) -> None:
     asyncio.run(run_jobs(queue_name, redis_url, ok=2, bad=1))
     endpoint = MetricsCli("--redis", redis_url, "--queue", queue_name)
@@ -332,6 +345,13 @@ async def test_worker_metrics_port_records_durations_and_counters_by_name(redis_
     finally:
         stop_worker_metrics()
     assert worker_metrics_port() is None
+
+
+def test_a_worker_without_metrics_port_does_not_load_prometheus_client(redis_url: str) -> None:
+    code = ("import sys; from bullmq_compat import Worker; w = Worker('q', lambda job: None, sys.argv[1]); "
+            "assert w._prometheus is None; print('prometheus_client' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code, redis_url], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
 
 
 def test_worker_metrics_port_must_be_a_port(redis_url: str) -> None:
@@ -415,13 +435,18 @@ async def test_prometheus_scrapes_the_endpoint_and_a_worker(redis_url: str, queu
         await wait_for(f'bullmq_worker_jobs_completed_total{{queue="{busy}", name="ok"}}', lambda v: v == 6)
         await wait_for(f'bullmq_worker_jobs_failed_total{{queue="{busy}", name="bad"}}', lambda v: v == 3)
         await wait_for(f'sum(bullmq_job_duration_seconds_count{{queue="{busy}"}})', lambda v: v == 9)
-        # every dashboard expression, for our two queues: accepted, and with a result
-        await asyncio.sleep(3)  # rate() needs two samples after the jobs: scrapes run every second
+        # every dashboard expression, for our two queues: accepted, and with a result (rate() needs
+        # two samples of a series: wait for the next scrapes, generously)
         for expr in dashboard_exprs():
             concrete = expr.replace("$queue", f"{busy}|{idle}").replace("$__rate_interval", "1m")
-            answer = await asyncio.to_thread(p.query, concrete)
-            assert answer["status"] == "success", (concrete, answer)
-            assert answer["data"]["result"], f"no result for the dashboard's {concrete}"
+            deadline = time.monotonic() + 60
+            while True:
+                answer = await asyncio.to_thread(p.query, concrete)
+                assert answer["status"] == "success", (concrete, answer)
+                if answer["data"]["result"]:
+                    break
+                assert time.monotonic() < deadline, f"no result for the dashboard's {concrete}"
+                await asyncio.sleep(0.5)
     finally:
         await queue.close()
         if prometheus is not None:
