@@ -206,8 +206,12 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     from bullmq_compat._worker import Worker
 
     url, options = _connection(args)
+    if args.metrics_port is not None:  # before the worker, so it shares this server (on --metrics-host)
+        from bullmq_compat._prometheus import serve_worker_metrics
+
+        serve_worker_metrics(args.metrics_port, args.metrics_host)
     worker = Worker(args.queue, args.processor, url, concurrency=args.concurrency,
-                    name=args.name, use_processes=args.processes, **options)
+                    name=args.name, use_processes=args.processes, metrics_port=args.metrics_port, **options)
     print(f"worker {args.name or worker.id} processing {args.queue} with {args.processor} "
           f"(concurrency {args.concurrency}); SIGTERM or Ctrl-C stops it gracefully", flush=True)
     await worker.run()
@@ -229,6 +233,39 @@ async def cmd_keeper(args: argparse.Namespace) -> int:
     for keeper in keepers:
         await keeper.close()
     await asyncio.gather(*tasks, return_exceptions=True)
+    return 0
+
+
+async def cmd_metrics(args: argparse.Namespace) -> int:
+    """Serve /metrics for Prometheus: each queue read at every scrape (see _prometheus)."""
+    from bullmq_compat._prometheus import QueueCollector, QueueMetricsServer, QueueReader, check_port
+
+    if bool(args.queue) == bool(args.all_queues):
+        raise CliError("metrics needs the queues: --queue NAME (repeatable) or --all-queues (found at each scrape)")
+    check_port("--port", args.port)
+    if args.timeout <= 0:
+        raise CliError(f"--timeout {args.timeout:g} must be a number of seconds > 0")
+    if args.discovery_interval < 0:
+        raise CliError(f"--discovery-interval {args.discovery_interval:g} must be a number of seconds >= 0")
+    secrets = secrets_of([args.redis, args.postgres or ""])
+    reader = QueueReader(lambda name: _queue(args, name), names=args.queue,
+                         discover=None if args.queue else lambda: _discover_queues(args),
+                         describe_error=lambda err: scrub(f"{type(err).__name__}: {err}", secrets),
+                         discovery_interval=args.discovery_interval)
+    server = QueueMetricsServer(QueueCollector(reader, asyncio.get_running_loop(), timeout=args.timeout))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    port = server.start(args.port, args.host)
+    which = "all queues (found at each scrape)" if args.all_queues else ", ".join(args.queue)
+    print(f"serving Prometheus metrics of {which} at {_where(args)} on http://{args.host}:{port}/metrics",
+          flush=True)
+    try:
+        await stop.wait()
+    finally:
+        server.close()
+        await reader.close()
     return 0
 
 
@@ -309,8 +346,9 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--redis", default=DEFAULT_REDIS,
                         help=f"Redis URL, rediss:// for TLS (default {redact_url(DEFAULT_REDIS)}, or $REDIS_URL)")
     common.add_argument("--prefix", default="bull", help="key prefix (default bull)")
-    common.add_argument("--postgres", default=None,
-                        help="a postgresql:// URL: the queues are on PostgreSQL (Node BullMQ's backend), not Redis")
+    common.add_argument("--postgres", default=None, nargs="?", const=os.environ.get("POSTGRES_URL") or "",
+                        help="a postgresql:// URL: the queues are on PostgreSQL (Node BullMQ's backend), not Redis; "
+                             "--postgres alone takes $POSTGRES_URL")
     common.add_argument("--schema", default="bullmq", help="the PostgreSQL schema of the queues (default bullmq)")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -320,7 +358,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=1)
     p.add_argument("--name", default=None, help="worker name (shown in Bull-Board)")
     p.add_argument("--processes", action="store_true", help="run the processor in child processes")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus job metrics (duration histogram, counters) on this port (docs/metrics.md)")
+    p.add_argument("--metrics-host", default="0.0.0.0", help="address of --metrics-port (default 0.0.0.0)")
     p.set_defaults(run=cmd_worker)
+
+    p = sub.add_parser("metrics", parents=[common], help="serve /metrics for Prometheus: counts, totals, workers, "
+                                                          "oldest waiting per queue (needs the metrics extra)")
+    p.add_argument("--queue", action="append", help="a queue to export (repeatable)")
+    p.add_argument("--all-queues", action="store_true", help="every queue, found again at each scrape")
+    p.add_argument("--port", type=int, default=9464, help="port of /metrics (default 9464; 0: any free port)")
+    p.add_argument("--host", default="0.0.0.0", help="address to bind (default 0.0.0.0)")
+    p.add_argument("--discovery-interval", type=float, default=0.0,
+                   help="with --all-queues: seconds between two searches for queues (default 0: at every scrape)")
+    p.add_argument("--timeout", type=float, default=5.0,
+                   help="seconds a scrape waits for the reads; past it bullmq_up is 0 (default 5)")
+    p.set_defaults(run=cmd_metrics)
 
     p = sub.add_parser("info", parents=[common], help="counts, groups, workers and schedulers per queue")
     p.add_argument("--queue", action="append")
@@ -405,6 +458,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
+        if getattr(args, "postgres", None) == "":
+            raise CliError("--postgres without a URL takes $POSTGRES_URL, which is not set: pass --postgres URL")
         result = args.run(args)
         if asyncio.iscoroutine(result):
             result = asyncio.run(result)

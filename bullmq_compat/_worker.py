@@ -116,7 +116,8 @@ class Worker(LockKeepingMixin, QueueBase):
                  skip_lock_renewal: bool = False, run_retry_delay: int = 15000, use_processes: bool = False,
                  process_pool_size: Optional[int] = None, shutdown_timeout: float = 30.0,
                  fast_path: bool = True, group_keeper: Union[bool, str] = True, group_sweep_interval: float = 1.0,
-                 telemetry: Any = None, autorun: bool = False, maximum_rate_limit_delay: int = 30000) -> None:
+                 telemetry: Any = None, autorun: bool = False, maximum_rate_limit_delay: int = 30000,
+                 metrics_port: Optional[int] = None) -> None:
         super().__init__(queue_name, connection, prefix=prefix, schema=schema, migrate=migrate)
         self.id = str(uuid.uuid4())
         self.worker_name = name
@@ -155,6 +156,12 @@ class Worker(LockKeepingMixin, QueueBase):
         self.fast_path = fast_path
         # spans (None: none); the meter of Node's MetricNames, fed by the jobs it finishes (None: none)
         self.telemetry, self.meter = resolve_telemetry(telemetry)
+        # Prometheus job metrics on this port (one server per process, see _prometheus); None: off
+        self._prometheus: Any = None
+        if metrics_port is not None:
+            from bullmq_compat._prometheus import WorkerMetrics
+
+            self._prometheus = WorkerMetrics(self.name, metrics_port)
         # releases groups whose jobs Node workers finished (see _groups.py); ours release directly
         # group_keeper=True sweeps the queue's groups every group_sweep_interval; "stream" also follows
         # the events stream (releases within milliseconds, at some CPU per job); False: none
@@ -722,6 +729,8 @@ class Worker(LockKeepingMixin, QueueBase):
             self.emit("error", err)
             return None
         self.emit("completed", job, result, "active")
+        if self._prometheus is not None:
+            self._prometheus.completed(job)
         return self._job_from_reply(reply, token) if fetch_next else None
 
     async def _handle_failed(self, job: Job, err: Exception, token: str) -> Optional[Job]:
@@ -740,6 +749,8 @@ class Worker(LockKeepingMixin, QueueBase):
             self.emit("error", script_err)
             return None
         self.emit("failed", job, err, "active")
+        if self._prometheus is not None:
+            self._prometheus.failed(job)
         return self._job_from_reply(reply, token) if fetch_next and reply is not None else None
 
     # -- manual processing ---------------------------------------------------------------------------

@@ -135,6 +135,22 @@ class EventsReader(abc.ABC):
         """Release the reader's connection."""
 
 
+@dataclass
+class QueueFigures:
+    """One queue's figures for a metrics scrape (`QueueBackend.get_figures`)."""
+
+    #: job counts, one per state asked, in that order (as `QueueBackend.get_counts`)
+    counts: list[int]
+    #: Node's metrics totals (``getMetrics(...).meta.count``) of completed and failed jobs
+    completed_total: int
+    failed_total: int
+    #: the fields (at least ``timestamp``) of the job next in line of the wait list and of the
+    #: prioritized set (0, 1 or 2 jobs)
+    next_waiting: list[JobFields]
+    #: the workers (of any language) connected to the queue, as `get_client_list` finds them
+    workers: int
+
+
 class QueueBackend(abc.ABC):
     """One queue on one datastore. Built by `open_backend`; shared by a Queue's jobs."""
 
@@ -225,6 +241,11 @@ class QueueBackend(abc.ABC):
     @abc.abstractmethod
     async def get_metrics(self, type: str, start: int, end: int) -> tuple[list[Any], list[Any], int]:
         """(meta [count, prevTS, prevCount], data points newest first, number of points)."""
+
+    @abc.abstractmethod
+    async def get_figures(self, states: Sequence[str]) -> QueueFigures:
+        """What a metrics scrape reads of this queue (`QueueFigures`, counts of ``states``), in as few
+        round trips as the datastore allows (`bullmq-compat metrics`, see _prometheus)."""
 
     @abc.abstractmethod
     async def get_rate_limit_ttl(self, max_jobs: Optional[int]) -> int: ...
@@ -406,3 +427,12 @@ class QueueBackend(abc.ABC):
 
     @abc.abstractmethod
     async def open_events_reader(self, client_name: str) -> EventsReader: ...
+
+
+def metrics_total(meta: Sequence[Any]) -> int:
+    """The total of a `QueueBackend.get_metrics` meta (``[count, prevTS, prevCount]``, text or bytes), 0 when unset."""
+    value = meta[0] if meta else 0
+    try:
+        return int(float(value.decode() if isinstance(value, bytes) else value or 0))
+    except (TypeError, ValueError):
+        return 0
