@@ -313,6 +313,11 @@ class RedisGroups:
         own, default = await b.client.hmget(b.keys.prefix_key + "grp:conc", gid, "*")
         return int(own or default or 1)
 
+    async def get_ordering_delay(self, gid: str) -> int:
+        b = self.backend
+        own, default = await b.client.hmget(b.keys.prefix_key + "grp:odelay", gid, "*")
+        return int(own if own is not None else default or 0)
+
     async def is_paused(self, gid: str) -> bool:
         b = self.backend
         return bool(await b.client.sismember(b.keys.prefix_key + "grp:paused", gid))
