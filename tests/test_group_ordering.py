@@ -6,9 +6,8 @@ tests/test_interop_groups.py. See docs/groups.md ("Ordering delay", "Deduplicati
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
-from typing import Any, AsyncIterator
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -16,23 +15,11 @@ import redis.asyncio as aioredis
 from bullmq_compat import InvalidArgument, Queue, Worker
 from bullmq_compat._groups import GroupJobRefused
 from tests.group_helpers import (
+    a_queue, held_ids,
     check_groups, now_ms, python_workers, read_records, rec_key, wait_records, wait_until)
 
 # generous: every add of a test lands well within it even on a loaded machine
 WINDOW_MS = 3000
-
-
-@contextlib.asynccontextmanager
-async def a_queue(name: str, url: str, **kwargs: Any) -> AsyncIterator[Queue]:
-    queue = Queue(name, connection=url, **kwargs)
-    try:
-        yield queue
-    finally:
-        await queue.close()
-
-
-async def held_ids(queue: Queue, gid: str) -> list[str]:
-    return [job.id for job in await queue.get_group_jobs(gid)]
 
 
 async def events(redis: aioredis.Redis, queue_name: str) -> list[dict[str, str]]:

@@ -23,17 +23,9 @@ from bullmq_compat._errors import JobLockMismatch
 from bullmq_compat._groups import GroupJobRefused, GroupKeeper
 from tests._redis_server import RedisServer
 from tests.group_helpers import (
+    a_queue, held_ids,
     HELD_JOBS, add_in_batches, check_groups, counts_by_group, group_jobs, keeper_proc, now_ms, python_worker_proc,
     python_workers, read_records, rec_key, recording_processor, wait_completed, wait_records, wait_until)
-
-
-@contextlib.asynccontextmanager
-async def a_queue(name: str, url: str, **kwargs: Any) -> AsyncIterator[Queue]:
-    queue = Queue(name, connection=url, **kwargs)
-    try:
-        yield queue
-    finally:
-        await queue.close()
 
 
 @contextlib.asynccontextmanager
@@ -80,10 +72,6 @@ async def leave_a_stale_slot(queue: Queue, worker: Worker, gid: str) -> Any:
     assert job is not None and job.id == "X"
     await finish_as_node(queue, worker, job, "tok")
     return after
-
-
-async def held_ids(queue: Queue, gid: str) -> list[str]:
-    return [job.id for job in await queue.get_group_jobs(gid)]
 
 
 # -- invariants 1 and 2: at most one job of a group runs, in add order ------------------------------
