@@ -159,7 +159,7 @@ async def test_node_removal_of_held_released_delayed_and_running_jobs(
         d = [await queue.add("d", {"g": "D", "s": 0, "failTimes": 9}, group="D", attempts=10,
                              backoff={"type": "fixed", "delay": 60_000})]
         d += [await queue.add("d", {"g": "D", "s": s}, group="D") for s in (1, 2)]
-        a = [await queue.add("a", {"g": "A", "s": s, "sleepMs": 1500 if s == 0 else 1}, group="A") for s in range(3)]
+        a = [await queue.add("a", {"g": "A", "s": s, "sleepMs": 5000 if s == 0 else 1}, group="A") for s in range(3)]
         async with keeper_proc(redis_url, queue_name, 0.5):
             assert await node("queueCall", redis=redis_url, queue=queue_name, method="remove", args=[r[2].id]) == 1
             assert await node("queueCall", redis=redis_url, queue=queue_name, method="remove", args=[r[0].id]) == 1
@@ -178,7 +178,7 @@ async def test_node_removal_of_held_released_delayed_and_running_jobs(
                 assert await node("queueCall", redis=redis_url, queue=queue_name, method="remove",
                                   args=[d[0].id]) == 1
                 # R: 1, 3, 4; D: 0 (one failed attempt), 1, 2; A: 0, 1, 2 = 9 runs
-                await wait_records(redis, rec, 9, 15, queue)
+                await wait_records(redis, rec, 9, 30, queue)
         ends, starts = await read_records(redis, rec)
         assert [s["s"] for s in starts if s["g"] == "R"] == [1, 3, 4]
         assert [s["s"] for s in starts if s["g"] == "D"] == [0, 1, 2]
