@@ -145,7 +145,9 @@ end
 rcall("ZADD", prefix .. "grp:held:" .. gid, order, seq .. jobId)
 rcall("SADD", prefix .. "grp:index", gid)
 rcall("ZADD", q.waitingChildren, heldScore(seq, opts["delay"], opts["priority"], opts["lifo"]), jobId)
-reclaimForOrder(prefix, gid, order, q, maxEvents)
+if ordered then -- (a job ordered by its add time comes after the released ones, unless their order_ms lies ahead)
+  reclaimForOrder(prefix, gid, order, q, maxEvents)
+end
 
 releaseHeldGroupJobs(prefix, gid, q, now, maxEvents)
 
