@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 
 from bullmq_compat import InvalidArgument, Queue, Worker
 from bullmq_compat._groups import GroupJobRefused
+from bullmq_compat._wire import codec
 from tests.group_helpers import (
     a_queue, held_ids,
     check_groups, now_ms, python_workers, read_records, rec_key, wait_records, wait_until)
@@ -364,3 +365,38 @@ async def test_dedup_modes_that_cannot_hold_behind_a_gate_are_refused(
             "waiting", "waiting-children") == {"waiting": 0, "waiting-children": 0}
         assert await redis.keys(f"bull:{queue_name}:grp:*") == []
         assert await redis.keys(f"bull:{queue_name}:de:*") == []
+
+
+async def test_with_concurrency_two_an_earlier_job_takes_back_only_the_latest_delayed_job(
+        redis_url: str, queue_name: str) -> None:
+    base = now_ms()
+    async with a_queue(queue_name, redis_url) as queue:
+        await queue.set_group_options("K", ordering_delay_ms=60_000, concurrency=2)
+        j30 = await queue.add("o", {}, group="K", order_ms=base + 30)
+        j20 = await queue.add("o", {}, group="K", order_ms=base + 20)
+        assert [await queue.get_job_state(j.id) for j in (j30, j20)] == ["delayed", "delayed"]
+        j10 = await queue.add("o", {}, group="K", order_ms=base + 10)
+        assert [await queue.get_job_state(j.id) for j in (j10, j20, j30)] == ["delayed", "delayed",
+                                                                           "waiting-children"]
+        assert await held_ids(queue, "K") == [j30.id]
+        assert [j.id for j in await queue.get_delayed()] == [j10.id, j20.id]
+
+
+async def test_an_older_caller_without_the_order_flag_is_read_as_before(
+        redis_url: str, queue_name: str, redis: aioredis.Redis) -> None:
+    """ARGV[7] (was order_ms given?) is new: a caller of the add script that does not pass it (an
+    older interop/groups.js) has an order other than the timestamp read as an order_ms."""
+    base = now_ms()
+    async with a_queue(queue_name, redis_url) as queue:
+        await queue.set_group_ordering_delay(60_000)
+        sent = []
+        for order_ms in (base + 5, None):
+            opts: dict[str, Any] = {"group": "L"} if order_ms is None else {"group": "L", "order_ms": order_ms}
+            prepared = queue._prepare("o", {}, opts)
+            assert prepared.args[-1] == (0 if order_ms is None else 1)
+            await queue.wait_until_ready()
+            sent.append(codec.to_str(await queue.backend.runner.call(prepared.script, prepared.keys, prepared.args[:-1])))
+        ordered, plain = sent
+        assert await redis.hget(f"bull:{queue_name}:{ordered}", "gord") == str(base + 5)
+        assert await redis.hget(f"bull:{queue_name}:{plain}", "gord") is None
+        assert await queue.get_job_state(ordered) == "delayed"
