@@ -475,6 +475,32 @@ async def test_node_workers_and_a_keeper_run_out_of_order_adds_in_order_ms_order
         await assert_no_group_left(queue)
 
 
+async def test_node_workers_removing_finished_jobs_are_released_at_once_after_an_ordering_window(
+        redis_url: str, queue_name: str, redis: aioredis.Redis) -> None:
+    """Heads wait out their window in the delayed set (upstream's 'delayed' event has no gid) and
+    Node Workers remove them when done: the keeper, sweeping only every 60 s, still knows their
+    groups (it read them from the hashes on the 'delayed' events), so each group's jobs follow
+    each other within seconds."""
+    rec = rec_key(queue_name)
+    groups, per_group = 5, 4
+    async with Queue(queue_name, connection=redis_url) as queue:
+        await queue.set_group_ordering_delay(800)
+        async with keeper_proc(redis_url, queue_name, 60), \
+                node_workers(redis_url, queue_name, workers=1, concurrency=5, removeOnComplete={"count": 0}):
+            await asyncio.sleep(1.0)  # the keeper's first sweep is behind it: only its stream releases
+            for s in range(per_group):
+                for g in range(groups):
+                    await queue.add("o", {"g": f"R{g}", "s": s}, group=f"R{g}", order_ms=now_ms())
+            started = time.monotonic()
+            await wait_records(redis, rec, groups * per_group, 30, queue)
+        took = time.monotonic() - started
+        print(f"{groups * per_group} jobs, ordering delay 0.8 s, Node workers removing on complete: {took:.2f}s")
+        ends, starts = await read_records(redis, rec)
+        check_groups(ends, starts, {f"R{g}": per_group for g in range(groups)})
+        assert await queue.get_job_counts("completed", "waiting-children", "delayed") == {
+            "completed": 0, "waiting-children": 0, "delayed": 0}
+
+
 async def test_node_group_producer_under_an_ordering_delay_and_with_deduplication(
         redis_url: str, queue_name: str, redis: aioredis.Redis) -> None:
     """interop/groups.js passes whether orderMs was given, so the ordering delay applies to its jobs
