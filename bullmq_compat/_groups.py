@@ -52,9 +52,25 @@ GROUP_OPTIONS = {"group": check_group, "order_ms": check_order_ms, "orderMs": ch
 _REFUSED_WITH_GROUP = {
     "parent": "a group job cannot be a flow child (upstream would release it from waiting-children "
               "when its parent's dependencies change)",
-    "deduplication": "deduplication is not supported for group jobs yet",
     "repeatJobKey": "scheduler jobs cannot be group jobs",
 }
+
+# Deduplication flags that cannot hold for a group job, and why (the other modes decide as upstream).
+_DEDUP_REFUSED_WITH_GROUP = {
+    "keepLastIfActive": "upstream's finish (a Node worker's too) would add the kept job straight to wait, "
+                        "beside the group's next job, bypassing the group's gate",
+    "reschedule": "a group job waiting for its turn is not in upstream's delayed set, so upstream "
+                  "would not reschedule it",
+}
+
+_UNSET: Any = object()
+
+
+def check_ordering_delay(value: Any) -> int:
+    """An ordering delay: an int of ms >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidArgument(f"ordering_delay_ms={value!r} must be an int of milliseconds >= 0")
+    return value
 
 
 def check_group_combination(opts: Mapping[str, Any]) -> None:
@@ -67,6 +83,12 @@ def check_group_combination(opts: Mapping[str, Any]) -> None:
     for option, reason in _REFUSED_WITH_GROUP.items():
         if option in opts:
             raise GroupJobRefused(f"option {option!r} cannot be used with group={opts['group']!r}: {reason}")
+    dedup = opts.get("deduplication")
+    if isinstance(dedup, Mapping):
+        for flag, reason in _DEDUP_REFUSED_WITH_GROUP.items():
+            if dedup.get(flag):
+                raise GroupJobRefused(f"option deduplication={dict(dedup)!r}: {flag} cannot be used with "
+                                      f"group={opts['group']!r}: {reason}")
 
 
 def group_support(backend: "QueueBackend") -> Any:
@@ -111,6 +133,37 @@ class GroupsMixin:
     async def get_group_concurrency(self, group_id: str) -> int:
         """How many jobs of ``group_id`` may run at once (its own setting, else the default, else 1)."""
         return int(await (await self._groups()).get_concurrency(self._gid(group_id)))
+
+    async def set_group_ordering_delay(self, ms: int) -> None:
+        """The queue's ordering delay: a group job with ``order_ms`` runs only once ``order_ms + ms``
+        has passed, so that a late producer's earlier job still runs first (0: none, the default).
+        Groups with their own setting (`set_group_options`) keep it. Applies to jobs released from
+        now on."""
+        delay = check_ordering_delay(ms)
+        await (await self._groups()).op("odelay", "*", delay)
+
+    async def set_group_options(self, group_id: str, *, ordering_delay_ms: Optional[int] = _UNSET,
+                                concurrency: int = _UNSET) -> None:
+        """Settings of one group: ``ordering_delay_ms`` (its own ordering delay; None removes it, so
+        the queue's applies) and ``concurrency`` (as `set_group_concurrency`). Options left out
+        are kept."""
+        gid = self._gid(group_id)
+        delay = None if ordering_delay_ms is None or ordering_delay_ms is _UNSET else check_ordering_delay(
+            ordering_delay_ms)
+        if concurrency is not _UNSET and (isinstance(concurrency, bool) or not isinstance(concurrency, int)
+                                          or concurrency < 1):
+            raise InvalidArgument(f"concurrency={concurrency!r} must be an int >= 1")
+        groups = await self._groups()
+        if ordering_delay_ms is not _UNSET:
+            await groups.op("odelay", gid, "" if delay is None else delay)
+        if concurrency is not _UNSET:
+            await groups.op("concurrency", gid, concurrency)
+
+    async def get_group_ordering_delay(self, group_id: Optional[str] = None) -> int:
+        """The ordering delay (ms) of ``group_id`` (its own, else the queue's, else 0), or of the
+        queue when no group is given."""
+        gid = "*" if group_id is None else self._gid(group_id)
+        return int(await (await self._groups()).get_ordering_delay(gid))
 
     async def pause_group(self, group_id: str) -> None:
         """Hold every not-yet-started job of the group; running ones finish."""

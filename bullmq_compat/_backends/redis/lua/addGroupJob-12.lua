@@ -3,7 +3,15 @@
 
   The job is released at once (waiting, prioritized or delayed, as upstream's add scripts would)
   when its group has a free slot and nothing held ahead; otherwise it is held, and listed in
-  upstream's waiting-children set so Bull-Board and getJobCounts show it as waiting.
+  upstream's waiting-children set so Bull-Board and getJobCounts show it as waiting. With an
+  ordering delay, a job with an order_ms is released to delayed until order_ms + the delay, and
+  a job with an earlier order_ms takes the group's not-yet-started delayed jobs back behind it.
+
+  Deduplication (opts.de, ARGV[1][9] the key) decides exactly as upstream's add does (its
+  deduplicateJob runs unchanged); for replace, a held job not yet due (its delay, or its ordering
+  window, lies ahead) stands in upstream's delayed set for the call, where upstream's replace
+  looks for a job it may replace, and a replaced group job leaves its group's bookkeeping.
+  (keepLastIfActive and reschedule are refused by the client: see _groups.py.)
 
     KEYS[1..11] wait, meta, active, marker, prioritized, pc, delayed, events, waiting-children,
                 completed, failed
@@ -17,12 +25,16 @@
     ARGV[4] group id
     ARGV[5] order score (order_ms, or the add timestamp)
     ARGV[6] now (ms)
+    ARGV[7] "1" when ARGV[5] is a producer's order_ms, "0" when it is the add timestamp (absent,
+            from older callers: an order_ms is one other than the timestamp)
 
-    Output: jobId; -100 when the job has a flow parent (group jobs cannot be flow children)
+    Output: jobId (a deduplicated add: the existing job's id); -100 when the job has a flow parent
+    (group jobs cannot be flow children)
 ]]
 local rcall = redis.call
 local q = nil
 
+--- @include "<upstream>/includes/deduplicateJob"
 --- @include "<upstream>/includes/storeJob"
 --- @include "includes/groupGate"
 
@@ -48,6 +60,71 @@ elseif rcall("EXISTS", prefix .. jobId) == 1 then
   return jobId
 end
 local jobKey = prefix .. jobId
+local order = tonumber(ARGV[5])
+local ordered = ARGV[7] == "1" or (ARGV[7] == nil and order ~= tonumber(timestamp))
+
+-- replace mode: the group job the deduplication key names now, if any (see the top)
+local function prepareReplace(deduplicationKey)
+  local current = rcall("GET", deduplicationKey)
+  if not current then
+    return nil
+  end
+  local f = rcall("HMGET", prefix .. current, "gid", "gseq", "timestamp", "delay", "gord")
+  if not f[1] or not f[2] then
+    return nil -- not a group job: upstream's replace alone
+  end
+  local replaced = { id = current, gid = f[1], seq = f[2], standIn = false }
+  if rcall("ZSCORE", prefix .. "grp:held:" .. f[1], f[2] .. current) then
+    local due = 0
+    if (tonumber(f[4]) or 0) > 0 then
+      due = (tonumber(f[3]) or now) + tonumber(f[4])
+    end
+    if f[5] then
+      local _, hasSettings = queueReleaseState(q)
+      local orderingDelay = groupOrderingDelay(prefix, f[1], hasSettings)
+      if orderingDelay > 0 then
+        due = math.max(due, tonumber(f[5]) + orderingDelay)
+      end
+    end
+    if due > now then
+      rcall("ZADD", q.delayed, due * 0x1000, current)
+      replaced.standIn = true
+    end
+  end
+  return replaced
+end
+
+-- after upstream's deduplication: a replaced group job leaves its group (whose next job may go)
+local function afterReplace(replaced)
+  if rcall("EXISTS", prefix .. replaced.id) == 1 then
+    if replaced.standIn then
+      rcall("ZREM", q.delayed, replaced.id)
+    end
+    return
+  end
+  rcall("ZREM", prefix .. "grp:held:" .. replaced.gid, replaced.seq .. replaced.id)
+  rcall("ZREM", q.waitingChildren, replaced.id)
+  rcall("SREM", prefix .. "grp:run:" .. replaced.gid, replaced.id)
+  if replaced.gid ~= gid then
+    releaseHeldGroupJobs(prefix, replaced.gid, q, now, maxEvents)
+  end
+end
+
+local deduplicationKey = args[9]
+if opts["de"] and deduplicationKey then
+  local replaced = nil
+  if opts["de"]["replace"] then
+    replaced = prepareReplace(deduplicationKey)
+  end
+  local deduplicatedJobId = deduplicateJob(opts["de"], jobId, q.delayed, deduplicationKey, q.events, maxEvents,
+    prefix, args[3], ARGV[2], opts, nil, nil, nil, args[8], timestamp)
+  if replaced then
+    afterReplace(replaced)
+  end
+  if deduplicatedJobId then
+    return deduplicatedJobId
+  end
+end
 
 -- A custom id used before: the earlier job is gone (its hash is), but may still hold a slot of this
 -- group if nobody released it yet (a Node worker finished it with removeOnComplete, keeper down).
@@ -59,15 +136,18 @@ end
 
 storeJob(q.events, jobKey, jobId, args[3], ARGV[2], opts, timestamp, nil, nil, args[8])
 local seq = string.format("%0" .. GROUP_SEQ_DIGITS .. "d", rcall("INCR", prefix .. "grp:seq"))
-if tonumber(ARGV[5]) == tonumber(timestamp) then
-  rcall("HSET", jobKey, "gid", gid, "gseq", seq) -- ordered by its timestamp: no "gord" to read
-else
+if ordered then
   rcall("HSET", jobKey, "gid", gid, "gseq", seq, "gord", ARGV[5])
+else
+  rcall("HSET", jobKey, "gid", gid, "gseq", seq) -- ordered by its timestamp: no "gord" to read
 end
 
-rcall("ZADD", prefix .. "grp:held:" .. gid, tonumber(ARGV[5]), seq .. jobId)
+rcall("ZADD", prefix .. "grp:held:" .. gid, order, seq .. jobId)
 rcall("SADD", prefix .. "grp:index", gid)
 rcall("ZADD", q.waitingChildren, heldScore(seq, opts["delay"], opts["priority"], opts["lifo"]), jobId)
+if ordered then -- (a job ordered by its add time comes after the released ones, unless their order_ms lies ahead)
+  reclaimForOrder(prefix, gid, order, q, maxEvents)
+end
 
 releaseHeldGroupJobs(prefix, gid, q, now, maxEvents)
 
