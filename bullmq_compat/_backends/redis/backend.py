@@ -9,7 +9,7 @@ from typing import Any, Mapping, Optional, Sequence
 import redis.exceptions as redis_exc
 
 from bullmq_compat._backends.base import (
-    EventsReader, JobFields, NewJob, NextJob, QueueBackend, WorkerChannel, WorkerSettings,
+    EventsReader, FinishJob, JobFields, NewJob, NextJob, QueueBackend, WorkerChannel, WorkerSettings,
 )
 from bullmq_compat._backends.redis.adding import PreparedAdd, prepare_add
 from bullmq_compat._backends.redis.channel import Channel, FastChannel, blocking_client, open_channel
@@ -807,6 +807,39 @@ class RedisWorkerChannel(WorkerChannel):
         if isinstance(reply, int) and reply < 0:
             raise script_error(reply, job_id=job_id, command="moveToFinished", state="active")
         return parse_next_job(reply) if fetch_next else None
+
+    async def move_to_active_many(self, tokens: Sequence[str], now: int) -> list[NextJob]:
+        """A batch's claims: upstream's moveToActive once per token, pipelined (one round trip)."""
+        if not tokens:
+            return []
+        calls = [self.calls.move_to_active(token, now) for token in tokens]
+        replies: list[NextJob] = []
+        for reply in await self.channel.call_many(calls, raise_errors=False):
+            if isinstance(reply, BaseException):
+                if replies:  # the claims before it stand (their jobs are ours now)
+                    break
+                raise reply
+            parsed = parse_next_job(reply)
+            replies.append(parsed)
+            if parsed[0] is None or parsed[1] is None:
+                break  # the claims after an empty one found nothing either (or hit the same limit)
+        return replies
+
+    async def finish_many(self, jobs: Sequence[FinishJob], now: int) -> list[Optional[BaseException]]:
+        """A batch's finishes: upstream's moveToFinished (ours for group jobs) per job, pipelined."""
+        if not jobs:
+            return []
+        calls = [self.calls.move_to_finished(j.job_id, j.job_opts, j.target, j.value, j.token, now, False,
+                                             j.fields_to_update, group_id=j.group_id) for j in jobs]
+        results: list[Optional[BaseException]] = []
+        for job, reply in zip(jobs, await self.channel.call_many(calls, raise_errors=False)):
+            if isinstance(reply, BaseException):
+                results.append(reply)
+            elif isinstance(reply, int) and reply < 0:
+                results.append(script_error(reply, job_id=job.job_id, command="moveToFinished", state="active"))
+            else:
+                results.append(None)
+        return results
 
     async def move_to_delayed(self, job_id: str, now: int, delay: int, token: str, *,
                               skip_attempt: bool = False, fields_to_update: Optional[Mapping[str, str]] = None,
