@@ -330,12 +330,16 @@ class BatchRunner:
         w = self.worker
         completing: list[tuple[BatchedJob, Any, str]] = []
         failing: list[tuple[BatchedJob, BaseException]] = []
+        texts: dict[int, str] = {}  # one encoding of a value every job of the batch got
         for job, err, value in outcomes:
             if err is not None:
                 failing.append((job, err))
                 continue
             try:
-                completing.append((job, value, codec.dumps(value, what="return value")))
+                text = texts.get(id(value))
+                if text is None:
+                    text = texts[id(value)] = codec.dumps(value, what="return value")
+                completing.append((job, value, text))
             except InvalidJobData as bad:
                 failing.append((job, bad))
         channel = await w._ensure_channel()
@@ -345,7 +349,13 @@ class BatchRunner:
         sends: list[Any] = [self._fail(job, err) for job, err in failing]
         if items:
             sends.insert(0, w.finishing(lambda: channel.finish_many(items, now)))
-        answers = await asyncio.gather(*sends, return_exceptions=True)
+        if len(sends) == 1:  # the usual case: no gather (its task would send one loop turn later)
+            try:
+                answers: list[Any] = [await sends[0]]
+            except Exception as err:
+                answers = [err]
+        else:
+            answers = await asyncio.gather(*sends, return_exceptions=True)
         if items:
             finished = answers[0]
             if isinstance(finished, BaseException):
