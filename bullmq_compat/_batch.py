@@ -188,6 +188,8 @@ class BatchRunner:
         jobs = list(jobs)
         deadline: Optional[float] = None
         last_round = False
+        if opts.group_affinity and jobs and jobs[0].group_id is not None:
+            return jobs  # a group batch's jobs kept over max_bytes: the next batch, of that group alone
         while True:
             now = _now_ms()
             if not jobs and w._limit_until > now:  # as a single slot: at most maximum_rate_limit_delay
@@ -198,6 +200,8 @@ class BatchRunner:
             if w.closing or w._paused or w._slot_count > w.concurrency:
                 return jobs
             want = opts.size - len(jobs)
+            if opts.group_affinity and not jobs:
+                want = 1  # the batch's first job decides: a group job's batch is filled from its group
             if want > 0 and not self._full(jobs):
                 channel = await w._ensure_channel()
                 tokens = [w._next_token() for _ in range(want)]
@@ -215,6 +219,8 @@ class BatchRunner:
                 jobs.extend(found)
                 if len(found) == want:
                     w._wake_one()  # more may wait: bring another idle slot in
+                if opts.group_affinity and len(jobs) == 1 and found and jobs[0].group_id is not None:
+                    return await self._fill_from_group(jobs)
             if len(jobs) >= opts.size or self._full(jobs) or (jobs and last_round):
                 return jobs
             if len(jobs) >= opts.min_size and jobs:
@@ -232,6 +238,28 @@ class BatchRunner:
                 limit_wait = min(w._limit_until - _now_ms(), w.maximum_rate_limit_delay) / 1000
                 remaining = limit_wait if remaining is None else min(remaining, limit_wait)
             await self._wait(remaining)
+
+    async def _fill_from_group(self, jobs: list[BatchedJob]) -> list[BatchedJob]:
+        """Group affinity: the batch of a group's current job takes the group's next held jobs (our
+        takeGroupJobs script), in group order; no wait for min_size (a group's jobs are all there)."""
+        w = self.worker
+        group_id = jobs[0].group_id
+        assert group_id is not None
+        channel = await w._ensure_channel()
+        tokens = [w._next_token() for _ in range(self.options.size - len(jobs))]
+        if not tokens:
+            return jobs
+        try:
+            replies = await channel.take_group_jobs(group_id, tokens, _now_ms())
+        except Exception as err:
+            if not w._transient(err):
+                raise
+            w._connection_trouble(err)
+            return jobs  # the batch goes with its first job; the group's others wait their turn
+        taken = self._jobs_from(replies, tokens, had=True)
+        for job in taken:
+            job.group_id = group_id
+        return jobs + taken
 
     def _full(self, jobs: Sequence[BatchedJob]) -> bool:
         cap = self.options.max_bytes

@@ -365,3 +365,84 @@ def test_sandboxed_processors_refuse_batches() -> None:
         Worker("q", "tests.sandbox_processors:job_calls", connection="redis://127.0.0.1:1/0", use_processes=True,
                batch={"size": 5})
     assert "batch= is not supported with use_processes=True" in str(caught.value)
+
+
+# -- groups (Redis) -------------------------------------------------------------------------------------
+async def add_group_jobs(queue: Queue, groups: list[str], per_group: int) -> list[str]:
+    ids = []
+    for step in range(per_group):  # interleaved: A0 B0 A1 B1 ...
+        for gid in groups:
+            job = await queue.add("g", {"g": gid, "s": step}, group=gid)
+            ids.append(str(job.id))
+    return ids
+
+
+async def test_without_affinity_a_batch_holds_one_job_per_group(redis_url: str, queue_name: str) -> None:
+    conn = {"connection": redis_url}
+    queue = Queue(queue_name, **conn)
+    try:
+        ids = await add_group_jobs(queue, ["A", "B", "C"], 4)
+        batches: list[list[tuple[str, int]]] = []
+
+        async def process(job: Any) -> None:
+            batches.append([(b.data["g"], b.data["s"]) for b in job.get_batch()])
+
+        async with running(batch_worker(queue.name, conn, process, batch={"size": 10})):
+            await wait_until(lambda: all_in(queue, ids, "completed"), 60, "every job completed")
+    finally:
+        await queue.close()
+    for batch in batches:  # only each group's released job is visible: one at a time per group
+        groups = [g for g, _ in batch]
+        assert len(groups) == len(set(groups))
+    for gid in "ABC":
+        assert [s for batch in batches for g, s in batch if g == gid] == [0, 1, 2, 3]
+
+
+async def test_group_affinity_fills_a_batch_from_one_group_in_order_and_others_wait(
+        redis_url: str, queue_name: str) -> None:
+    conn = {"connection": redis_url}
+    queue = Queue(queue_name, **conn)
+    busy: dict[str, int] = {}
+    overlaps: list[str] = []
+    batches: list[list[tuple[str, int]]] = []
+    singles: list[tuple[str, int]] = []
+
+    async def batch_process(job: Any) -> None:
+        batch = [(b.data["g"], b.data["s"]) for b in job.get_batch()]
+        batches.append(batch)
+        for gid in {g for g, _ in batch}:
+            if busy.get(gid):
+                overlaps.append(f"batch {batch} while {gid} busy")
+        for gid, _ in batch:
+            busy[gid] = busy.get(gid, 0) + 1
+        await asyncio.sleep(0.05)
+        for gid, _ in batch:
+            busy[gid] -= 1
+
+    async def single_process(job: Any) -> None:  # a plain worker on the same queue: "everyone else"
+        gid = job.data["g"]
+        singles.append((gid, job.data["s"]))
+        if busy.get(gid):
+            overlaps.append(f"single {gid}:{job.data['s']} while {gid} busy")
+        busy[gid] = busy.get(gid, 0) + 1
+        await asyncio.sleep(0.01)
+        busy[gid] -= 1
+
+    try:
+        ids = await add_group_jobs(queue, ["A", "B", "C"], 6)
+        batcher = batch_worker(queue.name, conn, batch_process, batch={"size": 4, "group_affinity": True})
+        plain = batch_worker(queue.name, conn, single_process, concurrency=4)
+        async with running(batcher), running(plain):
+            await wait_until(lambda: all_in(queue, ids, "completed"), 60, "every job completed")
+        groups = await queue.get_groups()
+    finally:
+        await queue.close()
+    assert overlaps == []  # never two jobs of a group at once, batch or not
+    for batch in batches:
+        assert len({g for g, _ in batch}) == 1  # one group per batch
+        steps = [s for _, s in batch]
+        assert steps == sorted(steps) and steps == list(range(steps[0], steps[0] + len(steps)))
+    for gid in "ABC":  # each group's jobs ran in add order, whoever ran them
+        assert sorted(s for g, s in singles + [x for b in batches for x in b] if g == gid) == list(range(6))
+    assert max(len(b) for b in batches) > 1  # the batch worker took held jobs of a group
+    assert all(g["waiting"] == 0 and g["running"] == 0 for g in groups)

@@ -102,6 +102,12 @@ class WorkerChannel(abc.ABC):
                 break
         return replies
 
+    async def take_group_jobs(self, group_id: str, tokens: Sequence[str], now: int) -> list[NextJob]:
+        """Group affinity of a batch: take up to ``len(tokens)`` of the group's next held jobs (in group
+        order) straight into active, the i-th locked with ``tokens[i]``; one reply per job taken.
+        Backends without groups (PostgreSQL) take none."""
+        return []
+
     async def finish_many(self, jobs: Sequence[FinishJob], now: int) -> list[Optional[BaseException]]:
         """Complete or fail for good several active jobs (a batch; no next job fetched): per job None
         when finished, or the exception that refused it (the others still finish). This default

@@ -815,6 +815,13 @@ class RedisWorkerChannel(WorkerChannel):
         reply = await self.channel.call(self.calls.move_to_active_batch(tokens, now))
         return [parse_next_job(one) for one in reply or []]
 
+    async def take_group_jobs(self, group_id: str, tokens: Sequence[str], now: int) -> list[NextJob]:
+        """Group affinity: our takeGroupJobs, the group's next held jobs straight into active."""
+        if not tokens:
+            return []
+        reply = await self.channel.call(self.calls.take_group_jobs(group_id, tokens, now))
+        return [parse_next_job(one) for one in reply or []]
+
     async def finish_many(self, jobs: Sequence[FinishJob], now: int) -> list[Optional[BaseException]]:
         """A batch's finishes in one round trip: its completions in one call of our moveToFinishedBatch
         (upstream's moveToFinished once per job), other finishes (failed for good, group jobs)

@@ -62,6 +62,7 @@ class WorkerCalls:
         self._move_to_finished_group = own_script("moveToFinishedGroup-15.lua")
         self._move_to_active_batch = own_script("moveToActiveBatch-11.lua")
         self._complete_batch = own_script("moveToFinishedBatch-14.lua")
+        self._take_group_jobs = own_script("takeGroupJobs-12.lua")
         self._batch_fetch_opts = codec.pack({"lockDuration": opts.lock_duration, "limiter": opts.limiter,
                                              "name": opts.name})
         self._move_to_delayed = s["moveToDelayed"]
@@ -125,6 +126,11 @@ class WorkerCalls:
         """Our moveToActiveBatch: upstream's moveToActive once per token, in one call (a batch worker's)."""
         return self._move_to_active_batch, self._active_keys, [
             self.keys.prefix_key, now, self._batch_fetch_opts, *tokens]
+
+    def take_group_jobs(self, group_id: str, tokens: Sequence[str], now: int) -> Call:
+        """Our takeGroupJobs: the group's next held jobs straight into active (group affinity)."""
+        return self._take_group_jobs, [*self._active_keys, self.keys.waiting_children], [
+            self.keys.prefix_key, now, self._batch_fetch_opts, group_id, *tokens]
 
     def complete_batch(self, jobs: Sequence[tuple[str, str, str, Mapping[str, Any]]], now: int) -> Call:
         """Our moveToFinishedBatch: upstream's moveToFinished ("completed", no next job) once per
