@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 
-from bullmq_compat._errors import BullMQCompatError
+from bullmq_compat._errors import BullMQCompatError, InvalidArgument
 from bullmq_compat._secrets import redact_url, scrub, secrets_of
 
 DEFAULT_REDIS = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -206,10 +206,20 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     from bullmq_compat._worker import Worker
 
     url, options = _connection(args)
+    batch: Optional[dict[str, Any]] = None
+    if args.batch is not None:
+        batch = {"size": args.batch, "min_size": args.batch_min_size or 1, "timeout": args.batch_timeout or 0,
+                 "group_affinity": args.group_affinity}
+        if args.batch_max_bytes is not None:
+            batch["max_bytes"] = args.batch_max_bytes
+    elif any(v for v in (args.batch_min_size, args.batch_timeout, args.batch_max_bytes, args.group_affinity)):
+        raise InvalidArgument("--batch-min-size, --batch-timeout, --batch-max-bytes and --group-affinity "
+                              "need --batch SIZE")
     worker = Worker(args.queue, args.processor, url, concurrency=args.concurrency,
-                    name=args.name, use_processes=args.processes, **options)
+                    name=args.name, use_processes=args.processes, batch=batch, **options)
+    what = f"batches of up to {args.batch}, " if batch else ""
     print(f"worker {args.name or worker.id} processing {args.queue} with {args.processor} "
-          f"(concurrency {args.concurrency}); SIGTERM or Ctrl-C stops it gracefully", flush=True)
+          f"({what}concurrency {args.concurrency}); SIGTERM or Ctrl-C stops it gracefully", flush=True)
     await worker.run()
     return 0
 
@@ -320,6 +330,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=1)
     p.add_argument("--name", default=None, help="worker name (shown in Bull-Board)")
     p.add_argument("--processes", action="store_true", help="run the processor in child processes")
+    p.add_argument("--batch", type=int, default=None, metavar="SIZE",
+                   help="call the processor with up to SIZE jobs at a time (job.get_batch())")
+    p.add_argument("--batch-min-size", type=int, default=None, metavar="N", help="wait for at least N jobs")
+    p.add_argument("--batch-timeout", type=int, default=None, metavar="MS", help="... at most MS ms")
+    p.add_argument("--batch-max-bytes", type=int, default=None, metavar="BYTES",
+                   help="cap a batch by the size of its jobs' data")
+    p.add_argument("--group-affinity", action="store_true", help="fill a group job's batch from its group")
     p.set_defaults(run=cmd_worker)
 
     p = sub.add_parser("info", parents=[common], help="counts, groups, workers and schedulers per queue")

@@ -9,3 +9,8 @@ async def double(job):
 def slow(job):
     time.sleep(1.0)
     return "slow-done"
+
+
+async def batch_sizes(job):
+    """A batch processor: each job of the batch gets the batch's size."""
+    return len(job.get_batch())

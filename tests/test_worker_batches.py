@@ -446,3 +446,29 @@ async def test_group_affinity_fills_a_batch_from_one_group_in_order_and_others_w
         assert sorted(s for g, s in singles + [x for b in batches for x in b] if g == gid) == list(range(6))
     assert max(len(b) for b in batches) > 1  # the batch worker took held jobs of a group
     assert all(g["waiting"] == 0 and g["running"] == 0 for g in groups)
+
+
+async def test_batches_through_redis_py_without_the_fast_channel(redis_url: str, queue_name: str) -> None:
+    conn = {"connection": redis_url}
+    queue = Queue(queue_name, **conn)
+    try:
+        ids = await add_jobs(queue, 7)
+
+        async def process(job: Any) -> list[int]:
+            batch = job.get_batch()
+            for b in batch:
+                if b.data["i"] == 2:
+                    b.set_as_failed(RuntimeError("two"))
+            return [b.data["i"] * 10 for b in batch]
+
+        async with running(batch_worker(queue.name, conn, process, batch={"size": 3}, fast_path=False)):
+            await wait_until(lambda: all_in(queue, ids, "completed", "failed"), 60, "every job finished")
+        for i, job_id in enumerate(ids):
+            job = await queue.get_job(job_id)
+            assert job is not None
+            if i == 2:
+                assert job.failed_reason == "two"
+            else:
+                assert job.returnvalue == i * 10
+    finally:
+        await queue.close()
