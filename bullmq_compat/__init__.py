@@ -76,3 +76,7 @@ from bullmq_compat._cancellation import AbortController, AbortError, AbortSignal
 from bullmq_compat._lock_manager import LockManager  # noqa: E402
 
 __all__ += ["AbortController", "AbortError", "AbortSignal", "LockManager", "WaitingError"]
+
+from bullmq_compat._batch import BatchedJob, BatchJob  # noqa: E402
+
+__all__ += ["BatchJob", "BatchedJob"]

@@ -11,7 +11,8 @@ from typing import Any, AsyncIterator
 import pytest
 
 from bullmq_compat import InvalidArgument, Queue, Worker
-from bullmq_compat._batch import BatchJob, BatchOptions, batch_options
+from bullmq_compat import BatchJob
+from bullmq_compat._batch import BatchOptions, batch_options
 from tests.helpers import EventRecorder, running, wait_until
 
 BACKENDS = ["redis", "postgres"]
