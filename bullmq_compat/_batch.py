@@ -191,6 +191,8 @@ class BatchRunner:
         if opts.group_affinity and jobs and jobs[0].group_id is not None:
             return jobs  # a group batch's jobs kept over max_bytes: the next batch, of that group alone
         while True:
+            if w.closing or w._paused or w._slot_count > w.concurrency:
+                return jobs  # (checked before parking too: close() wakes only the slots parked by then)
             now = _now_ms()
             if not jobs and w._limit_until > now:  # as a single slot: at most maximum_rate_limit_delay
                 await w._sleep(min(w._limit_until - now, w.maximum_rate_limit_delay) / 1000)
@@ -268,6 +270,8 @@ class BatchRunner:
     async def _wait(self, timeout: Optional[float]) -> None:
         """Park as an idle slot (the marker waiter wakes one per new job marker), at most ``timeout`` s."""
         w = self.worker
+        if w.closing:
+            return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         w._idle.append(fut)
         w._waiter_wanted.set()

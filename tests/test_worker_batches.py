@@ -307,6 +307,34 @@ async def test_jobs_of_a_killed_batch_worker_are_recovered_by_the_stalled_check(
         assert job is not None and job.returnvalue == "recovered" and job.attempts_started == 2
 
 
+async def test_close_is_prompt_even_when_called_as_a_slot_claims(queue: Queue, conn: dict[str, Any]) -> None:
+    ids = await add_jobs(queue, 6)
+    closing: list[asyncio.Future[Any]] = []
+    done = 0
+
+    async def process(job: Any) -> None:
+        return None
+
+    worker = batch_worker(queue.name, conn, process, batch={"size": 2}, concurrency=3, shutdown_timeout=120)
+
+    def on_completed(*_: Any) -> None:  # as the benchmark does: close on the last completion, while
+        nonlocal done                    # the slot that finished it goes on to claim its next batch
+        done += 1
+        if done == len(ids):
+            closing.append(asyncio.ensure_future(worker.close()))
+
+    worker.on("completed", on_completed)
+    task = asyncio.ensure_future(worker.run(handle_signals=False))
+    await wait_until(lambda: closing, 60, "every job completed")
+    started = time.monotonic()
+    await asyncio.wait_for(asyncio.shield(closing[0]), 110)
+    took = time.monotonic() - started
+    await asyncio.wait_for(task, 15)
+    # every slot saw close(): none parked after it woke the parked ones (far below shutdown_timeout)
+    assert took < 30, f"close() took {took:.1f} s"
+    assert await all_in(queue, ids, "completed")
+
+
 # -- the backend contract: claims and finishes of a batch in one call ------------------------------------
 async def test_move_to_active_many_and_finish_many(queue: Queue, conn: dict[str, Any]) -> None:
     from bullmq_compat._backends.base import FinishJob
