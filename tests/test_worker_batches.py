@@ -343,9 +343,13 @@ async def test_move_to_active_many_and_finish_many(queue: Queue, conn: dict[str,
     worker = batch_worker(queue.name, conn, None, batch={"size": 5})
     try:
         channel = await worker.worker_channel()
+        lanes = getattr(channel, "lanes", None)  # PostgreSQL: count the transactions of several calls
+        before = lanes.batches if lanes is not None else 0
         now = int(time.time() * 1000)
         replies = await channel.move_to_active_many(["t1", "t2", "t3", "t4", "t5"], now)
         assert [reply[1] for reply in replies] == [*ids, None]  # stops at the first claim that found none
+        if lanes is not None:
+            assert lanes.batches == before + 1  # the five claims: one transaction
         items = [FinishJob(ids[0], {}, "completed", '"a"', "t1"), FinishJob(ids[1], {}, "completed", '"b"', "wrong"),
                  FinishJob(ids[2], {}, "failed", "nope", "t3")]
         results = await channel.finish_many(items, now)
