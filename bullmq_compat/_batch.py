@@ -335,10 +335,11 @@ class BatchRunner:
                 runnable.append(job)
         if runnable:
             controller = AbortController() if w._wants_signal else None
-            for job in runnable:  # one signal for the batch: cancel_job(any of its ids) aborts it
-                tracked = w._active.get(str(job.id))
-                if tracked is not None:
-                    tracked[2] = controller
+            if controller is not None:
+                for job in runnable:  # one signal for the batch: cancel_job(any of its ids) aborts it
+                    tracked = w._active.get(str(job.id))
+                    if tracked is not None:
+                        tracked[2] = controller
             wrapper = BatchJob(w, runnable)
             try:
                 result = await w._invoke(wrapper, runnable[0].token or "",

@@ -362,6 +362,30 @@ async def test_move_to_active_many_and_finish_many(queue: Queue, conn: dict[str,
         await worker.close()
 
 
+async def test_cancel_job_of_any_batched_job_aborts_the_batch_signal(queue: Queue, conn: dict[str, Any]) -> None:
+    ids = await add_jobs(queue, 3)
+    started = asyncio.Event()
+    tokens: list[str] = []
+
+    async def process(job: Any, token: str, signal: Any) -> None:
+        tokens.append(token)
+        started.set()
+        await signal.wait()
+        raise RuntimeError(f"cancelled: {signal.reason}")
+
+    worker = batch_worker(queue.name, conn, process, batch={"size": 3})
+    async with running(worker):
+        await asyncio.wait_for(started.wait(), 30)
+        await wait_until(lambda: all_in(queue, ids, "active"), 30, "the batch's jobs active")
+        assert worker.cancel_job(ids[1], "stop") is True
+        await wait_until(lambda: all_in(queue, ids, "failed"), 60, "every job of the batch failed")
+    for job_id in ids:
+        job = await queue.get_job(job_id)
+        assert job is not None and job.failed_reason == "cancelled: stop"
+    first = await queue.get_job(ids[0])
+    assert tokens and first is not None and tokens[0].startswith(worker.id)
+
+
 # -- options ----------------------------------------------------------------------------------------------
 def test_batch_options_accept_python_and_node_names() -> None:
     assert batch_options({"size": 50, "min_size": 10, "timeout": 1000}) == BatchOptions(50, 10, 1000)
