@@ -89,3 +89,7 @@ from bullmq_compat._prometheus import (  # noqa: E402  (prometheus_client is imp
 
 __all__ += ["MetricsUnavailable", "serve_worker_metrics", "stop_worker_metrics", "worker_metrics_port",
             "worker_metrics_registry"]
+
+from bullmq_compat._batch import BatchedJob, BatchJob  # noqa: E402
+
+__all__ += ["BatchJob", "BatchedJob"]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 
-from bullmq_compat._errors import BullMQCompatError
+from bullmq_compat._errors import BullMQCompatError, InvalidArgument
 from bullmq_compat._secrets import redact_url, scrub, secrets_of
 
 DEFAULT_REDIS = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -210,10 +210,21 @@ async def cmd_worker(args: argparse.Namespace) -> int:
         from bullmq_compat._prometheus import serve_worker_metrics
 
         serve_worker_metrics(args.metrics_port, args.metrics_host)
+    batch: Optional[dict[str, Any]] = None
+    if args.batch is not None:
+        batch = {"size": args.batch, "min_size": args.batch_min_size or 1, "timeout": args.batch_timeout or 0,
+                 "group_affinity": args.group_affinity}
+        if args.batch_max_bytes is not None:
+            batch["max_bytes"] = args.batch_max_bytes
+    elif any(v for v in (args.batch_min_size, args.batch_timeout, args.batch_max_bytes, args.group_affinity)):
+        raise InvalidArgument("--batch-min-size, --batch-timeout, --batch-max-bytes and --group-affinity "
+                              "need --batch SIZE")
     worker = Worker(args.queue, args.processor, url, concurrency=args.concurrency,
-                    name=args.name, use_processes=args.processes, metrics_port=args.metrics_port, **options)
+                    name=args.name, use_processes=args.processes, batch=batch,
+                    metrics_port=args.metrics_port, **options)
+    what = f"batches of up to {args.batch}, " if batch else ""
     print(f"worker {args.name or worker.id} processing {args.queue} with {args.processor} "
-          f"(concurrency {args.concurrency}); SIGTERM or Ctrl-C stops it gracefully", flush=True)
+          f"({what}concurrency {args.concurrency}); SIGTERM or Ctrl-C stops it gracefully", flush=True)
     await worker.run()
     return 0
 
@@ -361,6 +372,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, default=None,
                    help="serve Prometheus job metrics (duration histogram, counters) on this port (docs/metrics.md)")
     p.add_argument("--metrics-host", default="0.0.0.0", help="address of --metrics-port (default 0.0.0.0)")
+    p.add_argument("--batch", type=int, default=None, metavar="SIZE",
+                   help="call the processor with up to SIZE jobs at a time (job.get_batch())")
+    p.add_argument("--batch-min-size", type=int, default=None, metavar="N", help="wait for at least N jobs")
+    p.add_argument("--batch-timeout", type=int, default=None, metavar="MS", help="... at most MS ms")
+    p.add_argument("--batch-max-bytes", type=int, default=None, metavar="BYTES",
+                   help="cap a batch by the size of its jobs' data")
+    p.add_argument("--group-affinity", action="store_true", help="fill a group job's batch from its group")
     p.set_defaults(run=cmd_worker)
 
     p = sub.add_parser("metrics", parents=[common], help="serve /metrics for Prometheus: counts, totals, workers, "

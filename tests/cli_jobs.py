@@ -16,3 +16,8 @@ async def fail_when_asked(job):
     if (job.data or {}).get("fail"):
         raise ValueError("asked to fail")
     return "ok"
+
+
+async def batch_sizes(job):
+    """A batch processor: each job of the batch gets the batch's size."""
+    return len(job.get_batch())

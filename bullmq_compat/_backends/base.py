@@ -47,6 +47,19 @@ class NewJob:
 
 
 @dataclass
+class FinishJob:
+    """One active job to finish in `WorkerChannel.finish_many`: the arguments of `move_to_finished`."""
+
+    job_id: str
+    job_opts: Mapping[str, Any]   # Job.opts
+    target: str                   # "completed" or "failed" (for good)
+    value: str                    # JSON return value, or the failed reason
+    token: str
+    fields_to_update: Optional[Mapping[str, str]] = None
+    group_id: Optional[str] = None
+
+
+@dataclass
 class WorkerSettings:
     """What a worker's calls need besides the job: Node's WorkerOptions that reach the datastore."""
 
@@ -75,6 +88,39 @@ class WorkerChannel(abc.ABC):
                                group_id: Optional[str] = None) -> Optional[NextJob]:
         """Complete (``target="completed"``, ``value`` = JSON return value) or fail for good
         (``"failed"``, ``value`` = reason) an active job, then claim the next one when ``fetch_next``."""
+
+    async def move_to_active_many(self, tokens: Sequence[str], now: int) -> list[NextJob]:
+        """Claim up to ``len(tokens)`` jobs, the i-th with lock ``tokens[i]`` (a batch): one reply per
+        claim made, in order; claiming stops at the first that finds no job (that reply is last,
+        with its rate-limit delay / next delayed due time). This default claims one by one; the
+        backends override it with one round trip."""
+        replies: list[NextJob] = []
+        for token in tokens:
+            reply = await self.move_to_active(token, now)
+            replies.append(reply)
+            if reply[0] is None or reply[1] is None:
+                break
+        return replies
+
+    async def take_group_jobs(self, group_id: str, tokens: Sequence[str], now: int) -> list[NextJob]:
+        """Group affinity of a batch: take up to ``len(tokens)`` of the group's next held jobs (in group
+        order) straight into active, the i-th locked with ``tokens[i]``; one reply per job taken.
+        Backends without groups (PostgreSQL) take none."""
+        return []
+
+    async def finish_many(self, jobs: Sequence[FinishJob], now: int) -> list[Optional[BaseException]]:
+        """Complete or fail for good several active jobs (a batch; no next job fetched): per job None
+        when finished, or the exception that refused it (the others still finish). This default
+        finishes one by one; the backends override it with one round trip."""
+        results: list[Optional[BaseException]] = []
+        for job in jobs:
+            try:
+                await self.move_to_finished(job.job_id, job.job_opts, job.target, job.value, job.token, now,
+                                            False, job.fields_to_update, group_id=job.group_id)
+                results.append(None)
+            except Exception as err:
+                results.append(err)
+        return results
 
     @abc.abstractmethod
     async def move_to_delayed(self, job_id: str, now: int, delay: int, token: str, *,

@@ -9,8 +9,8 @@ from typing import Any, Mapping, Optional, Sequence
 import redis.exceptions as redis_exc
 
 from bullmq_compat._backends.base import (
-    EventsReader, JobFields, NewJob, NextJob, QueueBackend, QueueFigures, WorkerChannel, WorkerSettings,
-    metrics_total,
+    EventsReader, FinishJob, JobFields, NewJob, NextJob, QueueBackend, QueueFigures, WorkerChannel,
+    WorkerSettings, metrics_total,
 )
 from bullmq_compat._backends.redis.adding import PreparedAdd, prepare_add
 from bullmq_compat._backends.redis.channel import Channel, FastChannel, blocking_client, open_channel
@@ -832,6 +832,65 @@ class RedisWorkerChannel(WorkerChannel):
         if isinstance(reply, int) and reply < 0:
             raise script_error(reply, job_id=job_id, command="moveToFinished", state="active")
         return parse_next_job(reply) if fetch_next else None
+
+    async def move_to_active_many(self, tokens: Sequence[str], now: int) -> list[NextJob]:
+        """A batch's claims in one call: our moveToActiveBatch, upstream's moveToActive once per token."""
+        if not tokens:
+            return []
+        reply = await self.channel.call(self.calls.move_to_active_batch(tokens, now))
+        return [parse_next_job(one) for one in reply or []]
+
+    async def take_group_jobs(self, group_id: str, tokens: Sequence[str], now: int) -> list[NextJob]:
+        """Group affinity: our takeGroupJobs, the group's next held jobs straight into active."""
+        if not tokens:
+            return []
+        reply = await self.channel.call(self.calls.take_group_jobs(group_id, tokens, now))
+        return [parse_next_job(one) for one in reply or []]
+
+    async def finish_many(self, jobs: Sequence[FinishJob], now: int) -> list[Optional[BaseException]]:
+        """A batch's finishes in one round trip: its completions in one call of our moveToFinishedBatch
+        (upstream's moveToFinished once per job), other finishes (failed for good, group jobs)
+        pipelined after it as calls of their own."""
+        if not jobs:
+            return []
+        calls = self.calls
+        plain = [i for i, j in enumerate(jobs) if j.target == "completed" and j.group_id is None]
+        others = [i for i in range(len(jobs)) if jobs[i].target != "completed" or jobs[i].group_id is not None]
+        batch: list[Any] = []
+        if plain:
+            batch.append(calls.complete_batch(
+                [(jobs[i].job_id, jobs[i].value, jobs[i].token, jobs[i].job_opts) for i in plain], now))
+        for i in others:
+            j = jobs[i]
+            batch.append(calls.move_to_finished(j.job_id, j.job_opts, j.target, j.value, j.token, now, False,
+                                                j.fields_to_update, group_id=j.group_id))
+        replies = await self.channel.call_many(batch, raise_errors=False) if len(batch) > 1 else [
+            await self._call_quietly(batch[0])]
+        for reply in replies:  # the connection went: the worker sends the batch's finishes again
+            if isinstance(reply, BaseException) and self.backend.is_transient(reply):
+                raise reply
+        per_job: list[Any] = [None] * len(jobs)
+        if plain:
+            completed = replies[0]
+            for n, i in enumerate(plain):
+                per_job[i] = completed if isinstance(completed, BaseException) else completed[n]
+        for i, reply in zip(others, replies[1 if plain else 0:]):
+            per_job[i] = reply
+        results: list[Optional[BaseException]] = []
+        for job, reply in zip(jobs, per_job):
+            if isinstance(reply, BaseException):
+                results.append(reply)
+            elif isinstance(reply, int) and reply < 0:
+                results.append(script_error(reply, job_id=job.job_id, command="moveToFinished", state="active"))
+            else:
+                results.append(None)
+        return results
+
+    async def _call_quietly(self, call: Any) -> Any:
+        try:
+            return await self.channel.call(call)
+        except Exception as err:
+            return err
 
     async def move_to_delayed(self, job_id: str, now: int, delay: int, token: str, *,
                               skip_attempt: bool = False, fields_to_update: Optional[Mapping[str, str]] = None,

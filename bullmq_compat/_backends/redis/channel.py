@@ -76,8 +76,9 @@ class Channel:
     async def call(self, call: Call) -> Any:
         raise NotImplementedError
 
-    async def call_many(self, calls: list[Call]) -> list[Any]:
-        """Several calls executed by Redis in this order (one write on the fast path)."""
+    async def call_many(self, calls: list[Call], raise_errors: bool = True) -> list[Any]:
+        """Several calls executed by Redis in this order (one write on the fast path); with
+        ``raise_errors=False`` each failed call's exception is returned in its place."""
         raise NotImplementedError
 
     async def wait_marker(self, marker_key: str, timeout: float) -> Optional[tuple[str, float]]:
@@ -216,11 +217,13 @@ class RedisPyChannel(Channel):
         script, keys, args = call
         return await self._runner.call(script, keys, args)
 
-    async def call_many(self, calls: list[Call]) -> list[Any]:
+    async def call_many(self, calls: list[Call], raise_errors: bool = True) -> list[Any]:
+        """With ``raise_errors=False`` each failed call's exception is returned in its place."""
         results = await self._runner.call_many(calls)
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
+        if raise_errors:
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
         return results
 
     def _blocking_client(self) -> Any:
