@@ -347,6 +347,33 @@ async def test_worker_metrics_port_records_durations_and_counters_by_name(redis_
     assert worker_metrics_port() is None
 
 
+async def test_a_batch_workers_jobs_are_counted_one_by_one(redis_url: str, queue_name: str) -> None:
+    queue = Queue(queue_name, redis_url)
+    await queue.add_bulk([{"name": "ok", "data": {}} for _ in range(6)] + [{"name": "bad", "data": {"fail": True}}] * 2)
+
+    async def process(batch: Any) -> None:
+        for job in batch.get_batch():
+            if job.data.get("fail"):
+                job.set_as_failed(ValueError("asked to fail"))
+
+    worker = Worker(queue_name, process, redis_url, batch={"size": 4}, metrics_port=0)
+    task = asyncio.ensure_future(worker.run(handle_signals=False))
+
+    async def finished() -> bool:
+        return await queue.get_job_counts("completed", "failed") == {"completed": 6, "failed": 2}
+
+    try:
+        await wait_until(finished, what="6 completed and 2 failed")
+        registry = worker_metrics_registry()
+        assert registry.get_sample_value("bullmq_worker_jobs_completed_total", {"queue": queue_name, "name": "ok"}) == 6
+        assert registry.get_sample_value("bullmq_worker_jobs_failed_total", {"queue": queue_name, "name": "bad"}) == 2
+    finally:
+        await worker.close()
+        await task
+        await queue.close()
+        stop_worker_metrics()
+
+
 def test_a_worker_without_metrics_port_does_not_load_prometheus_client(redis_url: str) -> None:
     code = ("import sys; from bullmq_compat import Worker; w = Worker('q', lambda job: None, sys.argv[1]); "
             "assert w._prometheus is None; print('prometheus_client' in sys.modules)")
