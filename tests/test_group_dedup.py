@@ -182,3 +182,34 @@ async def test_an_add_after_a_node_worker_finished_the_job_but_before_any_releas
         check_groups(ends, starts, {"G": 2})
         assert await queue.get_groups() == []
         assert await redis.keys(f"bull:{queue_name}:grp:dn*") == []
+
+
+@pytest.mark.node
+async def test_node_group_producer_keeps_the_last_add_behind_an_active_group_job(
+        redis_url: str, queue_name: str, redis: aioredis.Redis) -> None:
+    """interop/groups.js with keepLastIfActive and reschedule: decided by our add script as for
+    Python adds; a Node worker runs the jobs, a keeper releases them."""
+    from tests.node import node
+
+    rec = rec_key(queue_name)
+    keep = {"id": "nk", "keepLastIfActive": True}
+    async with a_queue(queue_name, redis_url) as queue:
+        async with keeper_proc(redis_url, queue_name, 60), node_workers(redis_url, queue_name, workers=1,
+                                                                        concurrency=5):
+            first = await queue.add("d", {"g": "N", "s": 0, "sleepMs": 4000}, group="N",
+                                    deduplication={"id": "nk", "keep_last_if_active": True})
+
+            async def first_active() -> bool:
+                return await queue.get_job_state(first.id) == "active"
+            await wait_until(first_active, 30, "the first job to start")
+            out = await node("groupAdd", redis=redis_url, queue=queue_name, jobs=[
+                {"name": "n", "data": {"g": "N", "s": 1, "v": v}, "opts": {"group": "N", "deduplication": keep}}
+                for v in range(1, 4)])
+            assert out["ids"] == [first.id] * 3
+            assert await queue.get_job_state(first.id) == "active"  # (the bound of this test)
+            await wait_records(redis, rec, 2, 60, queue)
+        ends, starts = await read_records(redis, rec)
+        check_groups(ends, starts, {"N": 2})
+        kept = await queue.get_job([s["id"] for s in starts if s["s"] == 1][0])
+        assert kept is not None and kept.data["v"] == 3
+        assert len(await _events(redis, queue_name, "deduplicated")) == 3
