@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from bullmq_compat._backends.base import QueueBackend
 
 FLOW_PARENT_REFUSED = -100
+KEEP_LAST_BEHIND_PLAIN_REFUSED = -101
 
 
 class GroupJobRefused(InvalidJobOptions):
@@ -55,14 +56,6 @@ _REFUSED_WITH_GROUP = {
     "repeatJobKey": "scheduler jobs cannot be group jobs",
 }
 
-# Deduplication flags that cannot hold for a group job, and why (the other modes decide as upstream).
-_DEDUP_REFUSED_WITH_GROUP = {
-    "keepLastIfActive": "upstream's finish (a Node worker's too) would add the kept job straight to wait, "
-                        "beside the group's next job, bypassing the group's gate",
-    "reschedule": "a group job waiting for its turn is not in upstream's delayed set, so upstream "
-                  "would not reschedule it",
-}
-
 _UNSET: Any = object()
 
 
@@ -83,12 +76,6 @@ def check_group_combination(opts: Mapping[str, Any]) -> None:
     for option, reason in _REFUSED_WITH_GROUP.items():
         if option in opts:
             raise GroupJobRefused(f"option {option!r} cannot be used with group={opts['group']!r}: {reason}")
-    dedup = opts.get("deduplication")
-    if isinstance(dedup, Mapping):
-        for flag, reason in _DEDUP_REFUSED_WITH_GROUP.items():
-            if dedup.get(flag):
-                raise GroupJobRefused(f"option deduplication={dict(dedup)!r}: {flag} cannot be used with "
-                                      f"group={opts['group']!r}: {reason}")
 
 
 def group_support(backend: "QueueBackend") -> Any:
@@ -212,6 +199,21 @@ class GroupsMixin:
 def refuse_flow_parent(result: Any, gid: str) -> None:
     if result == FLOW_PARENT_REFUSED:
         raise GroupJobRefused(f"group {gid!r}: a group job cannot be a flow child")
+
+
+def group_add_refusal(result: Any, opts: Mapping[str, Any]) -> Optional[GroupJobRefused]:
+    """The refusal the group add script answered with `result`, if any (nothing was written)."""
+    group = opts.get("group")
+    if not group or not isinstance(result, int):
+        return None
+    if result == FLOW_PARENT_REFUSED:
+        return GroupJobRefused(f"group {group['id']!r}: a group job cannot be a flow child")
+    if result == KEEP_LAST_BEHIND_PLAIN_REFUSED:
+        dedup = opts.get("de") or opts.get("deduplication") or {}
+        return GroupJobRefused(
+            f"group {group['id']!r}: deduplication keepLastIfActive of id {dedup.get('id')!r}: its job is active "
+            "and is not a group job, so nothing would create the kept job behind the group's gate")
+    return None
 
 
 def __getattr__(name: str) -> Any:

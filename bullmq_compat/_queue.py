@@ -13,7 +13,7 @@ from bullmq_compat._backends.base import NewJob, QueueBackend, WorkerChannel, Wo
 from bullmq_compat._errors import InvalidArgument, InvalidQueueName, script_error
 from bullmq_compat._events import EventEmitter
 from bullmq_compat._groups import (
-    FLOW_PARENT_REFUSED, GROUP_OPTIONS, GroupJobRefused, GroupsMixin, check_group_combination,
+    GROUP_OPTIONS, GroupsMixin, check_group_combination, group_add_refusal,
 )
 from bullmq_compat._job import Job
 from bullmq_compat._job_ids import JobIdGenerator, id_generator
@@ -296,8 +296,9 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
     def _check_result(self, prepared: Any, result: Any) -> Any:
         if isinstance(result, BaseException):
             raise result
-        if result == FLOW_PARENT_REFUSED and prepared.opts.get("group"):
-            raise GroupJobRefused(f"group {prepared.opts['group']['id']!r}: a group job cannot be a flow child")
+        refusal = group_add_refusal(result, prepared.opts)
+        if refusal is not None:
+            raise refusal
         if isinstance(result, int) and result < 0:
             parent = prepared.opts.get("parent")
             parent_key = f"{parent['queue']}:{parent['id']}" if parent else None

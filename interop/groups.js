@@ -8,9 +8,9 @@
 // The job is stored exactly as Queue.add stores it, plus BullMQ Pro's opts.group = {id}; our
 // addGroupJob script (built by the Python package: `bullmq-compat lua addGroupJob > file`,
 // which `make setup` writes to interop/lua/addGroupJob.lua) decides whether it runs now or
-// waits behind its group. opts.deduplication ({id, ttl, extend, replace}) decides as it does for
-// Node's Queue.add; keepLastIfActive and reschedule are refused for group jobs, and so are flow
-// parents. With an ordering delay on the queue or the group (set from Python), a job with an
+// waits behind its group. opts.deduplication (upstream's five modes: {id, ttl, extend, replace,
+// keepLastIfActive, reschedule}) decides as it does for Node's Queue.add (docs/groups.md,
+// "Deduplication"); flow parents are refused. With an ordering delay on the queue or the group (set from Python), a job with an
 // orderMs runs only once orderMs + the delay has passed.
 const fs = require('fs');
 const path = require('path');
@@ -33,9 +33,6 @@ class GroupProducer {
     const gid = typeof group === 'string' ? group : group && group.id;
     if (!gid) throw new Error('opts.group (a group id or {id}) is required');
     if (parent) throw new Error('group jobs cannot have a flow parent');
-    if (deduplication && (deduplication.keepLastIfActive || deduplication.reschedule)) {
-      throw new Error('group jobs cannot use deduplication keepLastIfActive or reschedule');
-    }
     if (deduplication && (typeof deduplication.id !== 'string' || !deduplication.id)) {
       throw new Error('opts.deduplication needs a non-empty id');
     }
@@ -52,6 +49,9 @@ class GroupProducer {
     const id = await this.redis.bullmqCompatAddGroupJob(...keys, args, JSON.stringify(data === undefined ? {} : data),
       packr.pack(stored), gid, orderMs === undefined ? timestamp : orderMs, Date.now(), orderMs === undefined ? 0 : 1);
     if (id === -100) throw new Error('group jobs cannot be flow children');
+    if (id === -101) {
+      throw new Error(`deduplication keepLastIfActive: the job of id ${deduplication.id} is active and not a group job`);
+    }
     return id;
   }
 }

@@ -13,7 +13,6 @@ import pytest
 import redis.asyncio as aioredis
 
 from bullmq_compat import InvalidArgument, Queue, Worker
-from bullmq_compat._groups import GroupJobRefused
 from bullmq_compat._wire import codec
 from tests.group_helpers import (
     a_queue, held_ids,
@@ -210,6 +209,9 @@ async def _run_dedup_steps(queue: Queue, worker: Worker, steps: list[Any], group
             await job.move_to_completed("done", step[1])
         elif step[0] == "probe":
             out.append(await queue.get_deduplication_job_id(step[1]))
+        elif step[0] == "inspect":  # the delay of the job the step-th output names
+            job = await queue.get_job(out[step[1]])
+            out.append(job.delay if job else None)
     return out
 
 
@@ -228,6 +230,20 @@ DEDUP_SCENARIOS = {
                  ("probe", "k"),
                  ("add", {"v": 3}, {"id": "k", "ttl": 5000, "extend": True, "replace": True}, {}), ("probe", "k"),
                  ("add", {"v": 4}, {"id": "k", "ttl": 5000, "extend": True, "replace": True}, {"delay": 3000})],
+    "keep_last_if_active": [
+        ("add", {"v": 1}, {"id": "k", "keep_last_if_active": True}, {}),
+        ("add", {"v": 2}, {"id": "k", "keep_last_if_active": True}, {}), ("take", "t"),
+        ("add", {"v": 3}, {"id": "k", "keep_last_if_active": True}, {}),
+        ("add", {"v": 4}, {"id": "k", "keep_last_if_active": True}, {}), ("probe", "k"), ("complete", "t"),
+        ("probe", "k"), ("add", {"v": 5}, {"id": "k", "keep_last_if_active": True}, {}), ("take", "u"),
+        ("add", {"v": 6}, {"id": "k", "keep_last_if_active": True}, {}), ("complete", "u"), ("probe", "k"),
+        ("take", "w"), ("complete", "w"), ("probe", "k")],
+    "reschedule": [("add", {"v": 0}, {"id": "head"}, {}),
+                   ("add", {"v": 1}, {"id": "k", "ttl": 60_000, "reschedule": True}, {"delay": 30_000}),
+                   ("add", {"v": 2}, {"id": "k", "ttl": 60_000, "reschedule": True}, {"delay": 45_000}),
+                   ("inspect", 1), ("probe", "k"),
+                   ("add", {"v": 3}, {"id": "n", "reschedule": True}, {}),
+                   ("add", {"v": 4}, {"id": "n", "reschedule": True}, {"delay": 45_000}), ("inspect", 5)],
     "replace": [("add", {"v": 1}, {"id": "k", "replace": True}, {"delay": 3000}),
                 ("add", {"v": 2}, {"id": "k", "replace": True}, {"delay": 3000}), ("probe", "k"),
                 ("add", {"v": 3}, {"id": "k", "replace": True}, {}), ("probe", "k")],
@@ -347,16 +363,14 @@ async def test_replace_within_the_ordering_window_replaces_the_not_yet_due_job(
         assert await queue.get_job_counts("delayed", "waiting-children") == {"delayed": 1, "waiting-children": 1}
 
 
-async def test_dedup_modes_that_cannot_hold_behind_a_gate_are_refused(
+async def test_bad_deduplication_on_a_group_job_is_refused_before_anything_is_written(
         redis_url: str, queue_name: str, redis: aioredis.Redis) -> None:
+    """(What a group job still refuses of deduplication at run time, keepLastIfActive behind an
+    active plain job, is in tests/test_group_dedup.py.)"""
     async with a_queue(queue_name, redis_url) as queue:
-        for dedup in ({"id": "x", "keep_last_if_active": True}, {"id": "x", "keepLastIfActive": True},
-                      {"id": "x", "ttl": 100, "reschedule": True}):
-            with pytest.raises(GroupJobRefused, match="deduplication"):
-                await queue.add("d", {}, group="F", deduplication=dedup)
-            with pytest.raises(GroupJobRefused):
-                await queue.add_bulk([{"name": "ok", "data": {}, "opts": {"group": "F"}},
-                                      {"name": "bad", "data": {}, "opts": {"group": "F", "deduplication": dedup}}])
+        with pytest.raises(InvalidArgument):
+            await queue.add_bulk([{"name": "ok", "data": {}, "opts": {"group": "F"}},
+                                  {"name": "bad", "data": {}, "opts": {"group": "F", "deduplication": {"id": 3}}}])
         with pytest.raises(InvalidArgument):
             await queue.add("d", {}, group="F", deduplication={"id": "x", "ttl": "soon"})
         with pytest.raises(InvalidArgument):

@@ -798,21 +798,18 @@ async def test_delete_group_jobs_removes_only_the_groups_held_jobs(
         assert await group_keys_left(redis, queue_name) <= {"seq", "sweep", "conc"}
 
 
-async def test_group_jobs_with_a_flow_parent_or_keep_last_deduplication_are_refused(
+async def test_group_jobs_with_a_flow_parent_are_refused(
         redis_url: str, queue_name: str, redis: aioredis.Redis) -> None:
-    """(Deduplication's other modes work on group jobs: tests/test_group_ordering.py.)"""
+    """(Deduplication works on group jobs, all five modes: tests/test_group_ordering.py and
+    tests/test_group_dedup.py, which also has what it still refuses.)"""
     async with a_queue(queue_name, redis_url) as queue:
         parent = await queue.add("parent", {})
         with pytest.raises(GroupJobRefused):
             await queue.add("child", {}, group="F", parent={"id": parent.id, "queue": f"bull:{queue_name}"})
         with pytest.raises(GroupJobRefused):
-            await queue.add("d", {}, group="F", deduplication={"id": "x", "keep_last_if_active": True})
-        with pytest.raises(InvalidJobOptions):
-            await queue.add("d", {}, group={"id": "F"}, deduplication={"id": "x", "ttl": 100, "reschedule": True})
-        with pytest.raises(GroupJobRefused):
             await queue.add_bulk([{"name": "ok", "data": {}, "opts": {"group": "F"}},
-                                  {"name": "bad", "data": {}, "opts": {"group": "F", "deduplication": {
-                                      "id": "y", "keepLastIfActive": True}}}])
+                                  {"name": "bad", "data": {}, "opts": {"group": "F", "parent": {
+                                      "id": parent.id, "queue": f"bull:{queue_name}"}}}])
         assert issubclass(GroupJobRefused, InvalidJobOptions)
         for bad in ("", {"id": ""}, {"id": 5}, {"name": "x"}, 42):
             with pytest.raises(InvalidJobOptions):

@@ -426,9 +426,6 @@ async def test_node_group_producer_jobs_run_in_order_on_a_python_worker(
         assert stored.attempts == 2
         assert await redis.hget(f"bull:{queue_name}:{g3}", "gid") == "G"
         assert await queue.get_job_state(h0) == "waiting" and await queue.get_job_state(h1) == "waiting-children"
-        with pytest.raises(NodeError, match="keepLastIfActive or reschedule"):
-            await node("groupAdd", redis=redis_url, queue=queue_name, jobs=[
-                {"name": "n", "data": {}, "opts": {"group": "G", "deduplication": {"id": "x", "keepLastIfActive": True}}}])
         with pytest.raises(NodeError, match="flow parent"):
             await node("groupAdd", redis=redis_url, queue=queue_name, jobs=[
                 {"name": "n", "data": {}, "opts": {"group": "G", "parent": {"id": "1", "queue": "bull:x"}}}])

@@ -69,8 +69,7 @@ while i <= #ARGV do
   local fields = takeHeldJob(prefix, gid, member, q)
   if fields then -- else removed meanwhile: try the next
     if fields ~= true then
-      local delay = tonumber(fields[4]) or 0
-      if delay > 0 and (tonumber(fields[3]) or now) + delay > now then
+      if heldJobDue(fields, now) > now then
         -- not due yet: back in its place, and the batch goes without the rest of the group
         rcall("ZADD", heldKey, popped[2], member)
         local score = fields[2] and heldScore(fields[2], fields[4], fields[5], isLifo(fields[6])) or popped[2]

@@ -42,7 +42,7 @@ local function freeFinished(gid, hasSettings)
   local running = rcall("SMEMBERS", prefix .. "grp:run:" .. gid)
   local freed = false
   for _, jobId in ipairs(running) do
-    freed = freeGroupSlot(prefix, gid, jobId, q, true) or freed
+    freed = freeGroupSlot(prefix, gid, jobId, q, true, now, maxEvents) or freed
   end
   return freed or #running == 0 or hasSettings
 end
@@ -50,7 +50,7 @@ end
 if op == "release" then
   local jobId = ARGV[3]
   local gid = ARGV[4]
-  if freeGroupSlot(prefix, gid, jobId, q) then
+  if freeGroupSlot(prefix, gid, jobId, q, false, now, maxEvents) then
     return releaseHeldGroupJobs(prefix, gid, q, now, maxEvents)
   end
   return 0

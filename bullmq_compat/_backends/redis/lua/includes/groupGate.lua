@@ -33,6 +33,7 @@
 --- @include "<upstream>/includes/addJobInTargetList"
 --- @include "<upstream>/includes/addJobWithPriority"
 --- @include "<upstream>/includes/getOrSetMaxEvents"
+--- @include "<upstream>/includes/storeJob"
 
 local GROUP_SEQ_DIGITS = 15
 
@@ -85,9 +86,22 @@ local function flagGroupSettings(q)
 end
 
 -- The job hash fields the gate reads of a held job, in one HMGET: {gid, gseq, timestamp, delay,
--- priority, opts, gord}.
+-- priority, opts, gord, gdue}. "gdue": when a deduplicated add with reschedule re-timed the held job
+-- (ms; else it is due at timestamp + delay).
 local function heldJobFields(prefix, jobId)
-  return rcall("HMGET", prefix .. jobId, "gid", "gseq", "timestamp", "delay", "priority", "opts", "gord")
+  return rcall("HMGET", prefix .. jobId, "gid", "gseq", "timestamp", "delay", "priority", "opts", "gord", "gdue")
+end
+
+-- When a held job is due by its own delay (ms; 0: at once), fields as heldJobFields reads them.
+local function heldJobDue(fields, now)
+  if fields[8] then
+    return tonumber(fields[8]) or 0
+  end
+  local delay = tonumber(fields[4]) or 0
+  if delay > 0 then
+    return (tonumber(fields[3]) or now) + delay
+  end
+  return 0
 end
 
 -- Is the held-zset member `member` of group `gid` still the job its id names (fields as read by
@@ -139,12 +153,12 @@ end
 -- fields: as takeHeldJob returns them (true: a job with no delay, priority or lifo);
 -- pausedOrMaxed: as queueReleaseState tells; orderDue: when the ordering delay makes it due (ms),
 -- nil when it is due at once (then it is delayed only by its own delay, as upstream delays it).
-local function enqueueReleasedJob(jobId, gid, fields, q, now, maxEvents, pausedOrMaxed, orderDue)
+local function enqueueReleasedJob(prefix, jobId, gid, fields, q, now, maxEvents, pausedOrMaxed, orderDue)
   local due = orderDue or 0
   if fields ~= true then
-    local delay = tonumber(fields[4]) or 0
-    if delay > 0 then
-      due = math.max(due, (tonumber(fields[3]) or now) + delay)
+    due = math.max(due, heldJobDue(fields, now))
+    if fields[8] then
+      rcall("HDEL", prefix .. jobId, "gdue") -- applied: a later retry or regate goes by its delay
     end
   end
   if due > now then
@@ -212,7 +226,7 @@ local function releaseHeldGroupJobs(prefix, gid, q, now, maxEvents, slotFreed, m
             orderDue = tonumber(popped[2]) + orderingDelay
           end
         end
-        enqueueReleasedJob(jobId, gid, fields, q, now, maxEvents, pausedOrMaxed, orderDue)
+        enqueueReleasedJob(prefix, jobId, gid, fields, q, now, maxEvents, pausedOrMaxed, orderDue)
         running = running + rcall("SADD", runKey, jobId)
         released = released + 1
       end
@@ -261,6 +275,70 @@ local function reclaimForOrder(prefix, gid, order, q, maxEvents)
   end
 end
 
+-- Hold a just-stored job of group `gid` behind its gate (add sequence `seq`, order score `order`;
+-- `ordered`: the order is a producer's order_ms): the caller releases the group after.
+local function holdNewGroupJob(prefix, gid, jobId, seq, order, ordered, opts, q, maxEvents)
+  local jobKey = prefix .. jobId
+  if ordered then
+    rcall("HSET", jobKey, "gid", gid, "gseq", seq, "gord", order)
+  else
+    rcall("HSET", jobKey, "gid", gid, "gseq", seq) -- ordered by its timestamp: no "gord" to read
+  end
+  rcall("ZADD", prefix .. "grp:held:" .. gid, order, seq .. jobId)
+  rcall("SADD", prefix .. "grp:index", gid)
+  rcall("ZADD", q.waitingChildren, heldScore(seq, opts["delay"], opts["priority"], opts["lifo"]), jobId)
+  if ordered then -- (a job ordered by its add time comes after the released ones, unless their order_ms lies ahead)
+    reclaimForOrder(prefix, gid, order, q, maxEvents)
+  end
+end
+
+--[[
+  keepLastIfActive on group jobs (docs/groups.md, "Deduplication"). A deduplicated group add while
+  the deduplication id's job is active keeps the latest add, as upstream does, but not in upstream's
+  "dn:<id>" hash (upstream's finish, a Node worker's too, would add it straight to wait, past the
+  gate): in our own
+    <prefix>grp:dn:<dedup id>   hash: name, data, opts, jid (its job id), gid, seq (add sequence),
+                                order, ordered ("1": order is an order_ms), rjk, after (the active
+                                job's id)
+    <prefix>grp:dna:<job id>    the dedup id kept behind that active (group) job
+  Once that job has finished and its slot is freed (or a later add finds it finished first), the
+  kept job is created, as upstream creates it (the id counter taken once more, the deduplication
+  key set to it without a ttl), and held behind its group's gate in the place of its add.
+]]
+local function createKeptGroupJob(prefix, deid, after, q, now, maxEvents, releasedGid)
+  local dnKey = prefix .. "grp:dn:" .. deid
+  local p = rcall("HMGET", dnKey, "after", "name", "data", "opts", "jid", "gid", "seq", "order", "ordered", "rjk")
+  rcall("DEL", prefix .. "grp:dna:" .. after)
+  if p[1] ~= after then
+    return nil -- kept behind a later job by now, or created already
+  end
+  rcall("DEL", dnKey)
+  rcall("INCR", prefix .. "id") -- as upstream: the counter stays monotonic
+  local jobId = p[5]
+  if rcall("EXISTS", prefix .. jobId) == 1 then
+    return nil -- its custom id was taken meanwhile
+  end
+  local me = maxEvents or getOrSetMaxEvents(q.meta)
+  local opts = cjson.decode(p[4])
+  rcall("SET", prefix .. "de:" .. deid, jobId)
+  storeJob(q.events, prefix .. jobId, jobId, p[2], p[3], opts, now, nil, nil, p[10] or nil)
+  local gid = p[6]
+  holdNewGroupJob(prefix, gid, jobId, p[7], tonumber(p[8]), p[9] == "1", opts, q, me)
+  rcall("XADD", q.events, "MAXLEN", "~", me, "*", "event", "waiting-children", "jobId", jobId)
+  if gid ~= releasedGid then -- (the caller releases its own group)
+    releaseHeldGroupJobs(prefix, gid, q, now, maxEvents)
+  end
+  return jobId
+end
+
+-- A slot of `jobId` was just freed: create the job kept behind it, if any (createKeptGroupJob).
+local function createJobKeptBehind(prefix, jobId, q, now, maxEvents, releasedGid)
+  local deid = rcall("GET", prefix .. "grp:dna:" .. jobId)
+  if deid then
+    createKeptGroupJob(prefix, deid, jobId, q, now, maxEvents, releasedGid)
+  end
+end
+
 -- Put a finished group job (in the failed or completed set `stateKey`) back behind its group's
 -- gate, as upstream's reprocessJob puts a job back to wait: finish fields cleared (and
 -- attemptsMade / attemptsStarted when asked), then held in its place in the group and released
@@ -298,9 +376,10 @@ local function regateFinishedJob(prefix, jobId, stateKey, prevState, resetAtm, r
   return 1
 end
 
--- Free a released job's slot once it has left the running states; true when freed.
+-- Free a released job's slot once it has left the running states; true when freed (and the job a
+-- keepLastIfActive add kept behind it created: the caller releases the group).
 -- isMember: the caller read jobId from the group's running set.
-local function freeGroupSlot(prefix, gid, jobId, q, isMember)
+local function freeGroupSlot(prefix, gid, jobId, q, isMember, now, maxEvents)
   local runKey = prefix .. "grp:run:" .. gid
   if not isMember and rcall("SISMEMBER", runKey, jobId) == 0 then
     return false
@@ -312,6 +391,7 @@ local function freeGroupSlot(prefix, gid, jobId, q, isMember)
     return false -- retrying, backing off or stalled: still the group's current job
   end
   rcall("SREM", runKey, jobId)
+  createJobKeptBehind(prefix, jobId, q, now, maxEvents, gid)
   return true
 end
 
