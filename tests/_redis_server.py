@@ -18,6 +18,18 @@ from tests._ports import free_port
 __all__ = ["RedisServer", "free_port", "redis_for_tests"]
 
 
+def die_with_parent() -> None:
+    """preexec_fn for a server we start: it gets SIGTERM when this process dies (a killed pytest or
+    xdist worker leaves no redis-server behind on the shared machine). Linux only; else nothing."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 -- not Linux: the fixtures still stop what they started
+        pass
+
+
 def _ping(port: int, timeout: float = 0.2) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
@@ -51,7 +63,7 @@ class RedisServer:
             self.proc = subprocess.Popen(
                 [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                  "--dir", self.dir, *self.extra_args],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent,
             )
             deadline = time.monotonic() + 30
             while not _ping(self.port):

@@ -155,12 +155,13 @@ async def test_job_of_a_killed_worker_is_recovered(redis_url: str, queue_name: s
         rescuer.on("stalled", lambda job_id, prev: stalled.append(job_id))
         rescuer.on("completed", lambda j, result, prev: completed.append((j.id, result)))
         async with running(rescuer):
-            await wait_until(lambda: bool(completed), 8, "the stalled job to be recovered and completed")
+            await wait_until(lambda: bool(completed), 30, "the stalled job to be recovered and completed")
             recovered_in = time.monotonic() - killed_at
         print(f"killed worker's job recovered {recovered_in:.2f}s after SIGKILL")
         assert stalled == [job.id]
         assert completed == [(job.id, {"pid": os.getpid()})]
-        assert recovered_in < 5, f"recovery took {recovered_in:.1f}s"
+        # (a lost job waits for the next check: 0.5 s here; 15 s leaves room for a loaded machine)
+        assert recovered_in < 15, f"recovery took {recovered_in:.1f}s"
         done = await queue.get_job(job.id)
         assert done is not None and done.attempts_started == 2 and done.stalled_counter == 1
         assert await queue.get_job_state(job.id) == "completed"
