@@ -38,9 +38,12 @@ postgres:
 		ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || { apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
 
+# the suite runs in TEST_WORKERS pytest-xdist processes (most tests wait on I/O, sleeps and subprocesses,
+# so more workers than cores pay); TEST_WORKERS=0 runs it in this process. See tests/README.md.
+TEST_WORKERS ?= 4
 test: setup
 	$(VPY) -m mypy bullmq_compat
-	$(VPY) -m pytest -q $(PYTEST_ARGS)
+	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # the reliability suite at full size: 20,000-job crash soak, Redis restarts and faults, leaks
 chaos: setup
