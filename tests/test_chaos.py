@@ -86,7 +86,10 @@ async def test_worker_crash_soak(redis_url: str, queue_name: str, redis: Any) ->
         events = await finish_events(redis, f"{prefix}events")
         errors = [line["error"] for proc in procs + retired for line in proc_lines(await stdout_of(proc))
                   if "error" in line]
-        figures = check_runs(plan, states, starts, ends, kills, events)
+        # a job the stalled check moved back (its 1 s lock expired while a loaded machine kept its
+        # worker from renewing it, no kill needed) may run again: at-least-once, as documented
+        lock_lost = {job_id for job_id, n in events["stalled"].items() if n}
+        figures = check_runs(plan, states, starts, ends, kills, events, may_repeat=lock_lost)
         figures.restarts = restarts
         figures.seconds = seconds
         report(f"\nworker crash soak: {figures.line()}; worker 'error' events {len(errors)}")
