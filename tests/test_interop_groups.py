@@ -365,15 +365,15 @@ async def test_node_workers_start_a_one_job_group_at_once_beside_a_huge_group() 
 
                         async def b_started() -> bool:
                             return any(json.loads(x)["g"] == "B" for x in await redis.lrange(f"{rec}:starts", 0, -1))
-                        await wait_until(b_started, 10, "B to start")
+                        await wait_until(b_started, 30, "B to start")
                         b_start = next(json.loads(x)["t0"] for x in await redis.lrange(f"{rec}:starts", 0, -1)
                                        if json.loads(x)["g"] == "B")
-                        await wait_records(redis, rec, 50, 20)
+                        await wait_records(redis, rec, 50, 60)
                         del workers
                 b_latency = b_start - ready_at
                 print(f"{HELD_JOBS:,} held jobs in group A: Node workers started one-job group B "
                       f"{b_latency} ms after they were ready")
-                assert b_latency < 1000
+                assert b_latency < 5000  # (behind A it would wait for minutes; room for a loaded machine)
                 ends, starts = await read_records(redis, rec)
                 a_order = [s["s"] for s in starts if s["g"] == "A"]
                 assert a_order == list(range(len(a_order)))
