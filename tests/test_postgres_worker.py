@@ -11,7 +11,7 @@ import asyncio
 import json
 import time
 import uuid
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator
 
 import psycopg
 import pytest
@@ -23,6 +23,7 @@ from bullmq_compat._backends.postgres.events import PostgresEventsReader
 from bullmq_compat._backends.postgres.worker import PostgresWorkerChannel
 from bullmq_compat._errors import JobLockMismatch
 from bullmq_compat._wire.options import merge_defaults, normalize_job_options
+from tests.helpers import eventually
 
 
 def now() -> int:
@@ -37,17 +38,6 @@ def new(name: str = "n", data: Any = None, job_id: str = "", **opts: Any) -> New
 # unique per run: NOTIFY payloads and application_name are the queue name, seen across schemas
 # and processes (other test runs on the same server)
 Q = f"q{uuid.uuid4().hex[:10]}"
-
-
-async def eventually(check: Callable[[], Awaitable[Any]], *, timeout: float = 30.0, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s (last: {value!r})")
-        await asyncio.sleep(interval)
 
 
 @pytest.fixture
