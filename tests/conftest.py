@@ -44,6 +44,15 @@ def _suffix_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
             item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(names)}")
 
 
+@pytest.fixture(scope="session", autouse=True)
+async def _node_command_server() -> AsyncIterator[None]:
+    """The Node command server of `tests.node.node` (started by the first command) ends with the session."""
+    yield
+    from tests.node import close_node_server
+
+    await close_node_server()
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     """A Redis for the whole session: REDIS_URL, a testcontainers Redis, or our own redis-server."""
