@@ -1,6 +1,7 @@
 """Drive the Node.js BullMQ side of the interop tests (interop/cli.js, interop/board.js).
 
-``await node(op, **args)`` runs one ``interop/cli.js`` command and returns its JSON result;
+``await node(op, **args)`` runs one ``interop/cli.js`` command (in this test process's
+``cli.js serve`` command server) and returns its JSON result;
 ``NodeProcess`` runs a long-lived script (the Bull-Board server, or a ``cli.js work`` worker)
 in the background for the duration of an ``async with`` block.
 
