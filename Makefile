@@ -4,9 +4,9 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test bench demo clean upstream interop browser postgres chaos
+.PHONY: setup test bench demo clean upstream interop browser postgres prometheus chaos
 
-setup: $(STAMP) upstream interop interop/lua/addGroupJob.lua browser postgres
+setup: $(STAMP) upstream interop interop/lua/addGroupJob.lua browser postgres prometheus
 
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -37,6 +37,15 @@ postgres:
 	@{ command -v initdb >/dev/null 2>&1 && command -v pg_ctl >/dev/null 2>&1; } || \
 		ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || { apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
+
+# Debian's Prometheus server, for tests that start one of their own (tests/test_prometheus.py); the
+# package's own service (on 9090) is stopped and disabled where it was started: the tests need none
+prometheus:
+	@command -v prometheus >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+		systemctl disable --now prometheus >/dev/null 2>&1 || true; \
+		update-rc.d prometheus disable >/dev/null 2>&1 || true; \
+		service prometheus stop >/dev/null 2>&1 || true; }
 
 # the suite runs in TEST_WORKERS pytest-xdist processes (most tests wait on I/O, sleeps and subprocesses,
 # so more workers than cores pay); TEST_WORKERS=0 runs it in this process. See tests/README.md.

@@ -76,3 +76,20 @@ from bullmq_compat._cancellation import AbortController, AbortError, AbortSignal
 from bullmq_compat._lock_manager import LockManager  # noqa: E402
 
 __all__ += ["AbortController", "AbortError", "AbortSignal", "LockManager", "WaitingError"]
+from bullmq_compat._job_ids import uuid7_ids  # noqa: E402
+
+__all__ += ["uuid7_ids"]
+from bullmq_compat._errors import MetricsUnavailable  # noqa: E402
+from bullmq_compat._prometheus import (  # noqa: E402  (prometheus_client is imported on first use only)
+    serve_worker_metrics,
+    stop_worker_metrics,
+    worker_metrics_port,
+    worker_metrics_registry,
+)
+
+__all__ += ["MetricsUnavailable", "serve_worker_metrics", "stop_worker_metrics", "worker_metrics_port",
+            "worker_metrics_registry"]
+
+from bullmq_compat._batch import BatchedJob, BatchJob  # noqa: E402
+
+__all__ += ["BatchJob", "BatchedJob"]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 
-from bullmq_compat._errors import BullMQCompatError
+from bullmq_compat._errors import BullMQCompatError, InvalidArgument
 from bullmq_compat._secrets import redact_url, scrub, secrets_of
 
 DEFAULT_REDIS = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -206,10 +206,25 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     from bullmq_compat._worker import Worker
 
     url, options = _connection(args)
+    if args.metrics_port is not None:  # before the worker, so it shares this server (on --metrics-host)
+        from bullmq_compat._prometheus import serve_worker_metrics
+
+        serve_worker_metrics(args.metrics_port, args.metrics_host)
+    batch: Optional[dict[str, Any]] = None
+    if args.batch is not None:
+        batch = {"size": args.batch, "min_size": args.batch_min_size or 1, "timeout": args.batch_timeout or 0,
+                 "group_affinity": args.group_affinity}
+        if args.batch_max_bytes is not None:
+            batch["max_bytes"] = args.batch_max_bytes
+    elif any(v for v in (args.batch_min_size, args.batch_timeout, args.batch_max_bytes, args.group_affinity)):
+        raise InvalidArgument("--batch-min-size, --batch-timeout, --batch-max-bytes and --group-affinity "
+                              "need --batch SIZE")
     worker = Worker(args.queue, args.processor, url, concurrency=args.concurrency,
-                    name=args.name, use_processes=args.processes, **options)
+                    name=args.name, use_processes=args.processes, batch=batch,
+                    metrics_port=args.metrics_port, **options)
+    what = f"batches of up to {args.batch}, " if batch else ""
     print(f"worker {args.name or worker.id} processing {args.queue} with {args.processor} "
-          f"(concurrency {args.concurrency}); SIGTERM or Ctrl-C stops it gracefully", flush=True)
+          f"({what}concurrency {args.concurrency}); SIGTERM or Ctrl-C stops it gracefully", flush=True)
     await worker.run()
     return 0
 
@@ -229,6 +244,39 @@ async def cmd_keeper(args: argparse.Namespace) -> int:
     for keeper in keepers:
         await keeper.close()
     await asyncio.gather(*tasks, return_exceptions=True)
+    return 0
+
+
+async def cmd_metrics(args: argparse.Namespace) -> int:
+    """Serve /metrics for Prometheus: each queue read at every scrape (see _prometheus)."""
+    from bullmq_compat._prometheus import QueueCollector, QueueMetricsServer, QueueReader, check_port
+
+    if bool(args.queue) == bool(args.all_queues):
+        raise CliError("metrics needs the queues: --queue NAME (repeatable) or --all-queues (found at each scrape)")
+    check_port("--port", args.port)
+    if args.timeout <= 0:
+        raise CliError(f"--timeout {args.timeout:g} must be a number of seconds > 0")
+    if args.discovery_interval < 0:
+        raise CliError(f"--discovery-interval {args.discovery_interval:g} must be a number of seconds >= 0")
+    secrets = secrets_of([args.redis, args.postgres or ""])
+    reader = QueueReader(lambda name: _queue(args, name), names=args.queue,
+                         discover=None if args.queue else lambda: _discover_queues(args),
+                         describe_error=lambda err: scrub(f"{type(err).__name__}: {err}", secrets),
+                         discovery_interval=args.discovery_interval)
+    server = QueueMetricsServer(QueueCollector(reader, asyncio.get_running_loop(), timeout=args.timeout))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    port = server.start(args.port, args.host)
+    which = "all queues (found at each scrape)" if args.all_queues else ", ".join(args.queue)
+    print(f"serving Prometheus metrics of {which} at {_where(args)} on http://{args.host}:{port}/metrics",
+          flush=True)
+    try:
+        await stop.wait()
+    finally:
+        server.close()
+        await reader.close()
     return 0
 
 
@@ -309,8 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--redis", default=DEFAULT_REDIS,
                         help=f"Redis URL, rediss:// for TLS (default {redact_url(DEFAULT_REDIS)}, or $REDIS_URL)")
     common.add_argument("--prefix", default="bull", help="key prefix (default bull)")
-    common.add_argument("--postgres", default=None,
-                        help="a postgresql:// URL: the queues are on PostgreSQL (Node BullMQ's backend), not Redis")
+    common.add_argument("--postgres", default=None, nargs="?", const=os.environ.get("POSTGRES_URL") or "",
+                        help="a postgresql:// URL: the queues are on PostgreSQL (Node BullMQ's backend), not Redis; "
+                             "--postgres alone takes $POSTGRES_URL")
     common.add_argument("--schema", default="bullmq", help="the PostgreSQL schema of the queues (default bullmq)")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -320,7 +369,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=1)
     p.add_argument("--name", default=None, help="worker name (shown in Bull-Board)")
     p.add_argument("--processes", action="store_true", help="run the processor in child processes")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus job metrics (duration histogram, counters) on this port (docs/metrics.md)")
+    p.add_argument("--metrics-host", default="0.0.0.0", help="address of --metrics-port (default 0.0.0.0)")
+    p.add_argument("--batch", type=int, default=None, metavar="SIZE",
+                   help="call the processor with up to SIZE jobs at a time (job.get_batch())")
+    p.add_argument("--batch-min-size", type=int, default=None, metavar="N", help="wait for at least N jobs")
+    p.add_argument("--batch-timeout", type=int, default=None, metavar="MS", help="... at most MS ms")
+    p.add_argument("--batch-max-bytes", type=int, default=None, metavar="BYTES",
+                   help="cap a batch by the size of its jobs' data")
+    p.add_argument("--group-affinity", action="store_true", help="fill a group job's batch from its group")
     p.set_defaults(run=cmd_worker)
+
+    p = sub.add_parser("metrics", parents=[common], help="serve /metrics for Prometheus: counts, totals, workers, "
+                                                          "oldest waiting per queue (needs the metrics extra)")
+    p.add_argument("--queue", action="append", help="a queue to export (repeatable)")
+    p.add_argument("--all-queues", action="store_true", help="every queue, found again at each scrape")
+    p.add_argument("--port", type=int, default=9464, help="port of /metrics (default 9464; 0: any free port)")
+    p.add_argument("--host", default="0.0.0.0", help="address to bind (default 0.0.0.0)")
+    p.add_argument("--discovery-interval", type=float, default=0.0,
+                   help="with --all-queues: seconds between two searches for queues (default 0: at every scrape)")
+    p.add_argument("--timeout", type=float, default=5.0,
+                   help="seconds a scrape waits for the reads; past it bullmq_up is 0 (default 5)")
+    p.set_defaults(run=cmd_metrics)
 
     p = sub.add_parser("info", parents=[common], help="counts, groups, workers and schedulers per queue")
     p.add_argument("--queue", action="append")
@@ -405,6 +476,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
+        if getattr(args, "postgres", None) == "":
+            raise CliError("--postgres without a URL takes $POSTGRES_URL, which is not set: pass --postgres URL")
         result = args.run(args)
         if asyncio.iscoroutine(result):
             result = asyncio.run(result)

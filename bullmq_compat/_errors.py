@@ -194,6 +194,10 @@ class PostgresDriverMissing(BullMQCompatError, ImportError):
     """A ``postgresql://`` connection without the PostgreSQL driver: ``pip install 'bullmq-compat[postgres]'``."""
 
 
+class MetricsUnavailable(BullMQCompatError, ImportError):
+    """Prometheus metrics without prometheus_client: ``pip install 'bullmq-compat[metrics]'``."""
+
+
 class SchemaMigrationRequired(BullMQCompatError):
     """The schema has no migration ledger: run `migrate_postgres`, or connect with ``migrate=True``
     (Node's SchemaMigrationRequiredError)."""

@@ -21,6 +21,7 @@ from bullmq_compat._errors import (
     BullMQCompatError, InvalidArgument, InvalidJobOptions, ParentJobNotFound, script_error,
 )
 from bullmq_compat._job import Job
+from bullmq_compat._job_ids import JobIdGenerator, id_generator
 from bullmq_compat._queue import Connection, Queue, check_prefix, check_queue_name
 from opentelemetry.trace import SpanKind
 
@@ -92,8 +93,11 @@ class FlowProducer:
     """
 
     def __init__(self, connection: Connection = None, *, prefix: str = "bull", telemetry: Any = None,
-                 schema: Optional[str] = None, migrate: bool = False) -> None:
+                 schema: Optional[str] = None, migrate: bool = False,
+                 job_id_generator: Optional[JobIdGenerator] = None) -> None:
         self.prefix = check_prefix(prefix)
+        # the id of each node that gives none (else a UUIDv4, as Node's FlowProducer)
+        self._id_generator = id_generator(job_id_generator)
         # OpenTelemetry, as Node's FlowProducer with bullmq-otel: a producer span "addFlow <queue>"
         # (or "addBulkFlows"), one "addNode <queue>" per job below it (a child's under its
         # parent's), and each job's opts.tm holding its addNode span's context
@@ -103,6 +107,11 @@ class FlowProducer:
         self._queues: dict[tuple[str, str], Queue] = {}
         self._ready = False
         self.closing = False
+
+    @property
+    def job_id_generator(self) -> Optional[JobIdGenerator]:
+        """The ``job_id_generator=`` this producer was made with, or None."""
+        return None if self._id_generator is None else self._id_generator.fn
 
     @property
     def client(self) -> Any:
@@ -295,7 +304,8 @@ class FlowProducer:
                     raise InvalidJobOptions("deduplication cannot be used on flow nodes with children")
                 if parent:
                     raise InvalidJobOptions("options deduplication and parent cannot be used together")
-            job_id = opts.get("jobId") or str(uuid.uuid4())
+            job_id = opts.get("jobId") or (str(uuid.uuid4()) if self._id_generator is None
+                                           else self._id_generator(spec["name"], spec.get("data")))
             trace_context = None
             if node_spans is not None:
                 trace_context = self._traced_node(opts, queue_name, spec["name"], job_id, node_spans, trace_parent)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from bullmq_compat._backends.base import QueueBackend
 
 FLOW_PARENT_REFUSED = -100
+KEEP_LAST_BEHIND_PLAIN_REFUSED = -101
 
 
 class GroupJobRefused(InvalidJobOptions):
@@ -52,9 +53,17 @@ GROUP_OPTIONS = {"group": check_group, "order_ms": check_order_ms, "orderMs": ch
 _REFUSED_WITH_GROUP = {
     "parent": "a group job cannot be a flow child (upstream would release it from waiting-children "
               "when its parent's dependencies change)",
-    "deduplication": "deduplication is not supported for group jobs yet",
     "repeatJobKey": "scheduler jobs cannot be group jobs",
 }
+
+_UNSET: Any = object()
+
+
+def check_ordering_delay(value: Any) -> int:
+    """An ordering delay: an int of ms >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidArgument(f"ordering_delay_ms={value!r} must be an int of milliseconds >= 0")
+    return value
 
 
 def check_group_combination(opts: Mapping[str, Any]) -> None:
@@ -112,6 +121,37 @@ class GroupsMixin:
         """How many jobs of ``group_id`` may run at once (its own setting, else the default, else 1)."""
         return int(await (await self._groups()).get_concurrency(self._gid(group_id)))
 
+    async def set_group_ordering_delay(self, ms: int) -> None:
+        """The queue's ordering delay: a group job with ``order_ms`` runs only once ``order_ms + ms``
+        has passed, so that a late producer's earlier job still runs first (0: none, the default).
+        Groups with their own setting (`set_group_options`) keep it. Applies to jobs released from
+        now on."""
+        delay = check_ordering_delay(ms)
+        await (await self._groups()).op("odelay", "*", delay)
+
+    async def set_group_options(self, group_id: str, *, ordering_delay_ms: Optional[int] = _UNSET,
+                                concurrency: int = _UNSET) -> None:
+        """Settings of one group: ``ordering_delay_ms`` (its own ordering delay; None removes it, so
+        the queue's applies) and ``concurrency`` (as `set_group_concurrency`). Options left out
+        are kept."""
+        gid = self._gid(group_id)
+        delay = None if ordering_delay_ms is None or ordering_delay_ms is _UNSET else check_ordering_delay(
+            ordering_delay_ms)
+        if concurrency is not _UNSET and (isinstance(concurrency, bool) or not isinstance(concurrency, int)
+                                          or concurrency < 1):
+            raise InvalidArgument(f"concurrency={concurrency!r} must be an int >= 1")
+        groups = await self._groups()
+        if ordering_delay_ms is not _UNSET:
+            await groups.op("odelay", gid, "" if delay is None else delay)
+        if concurrency is not _UNSET:
+            await groups.op("concurrency", gid, concurrency)
+
+    async def get_group_ordering_delay(self, group_id: Optional[str] = None) -> int:
+        """The ordering delay (ms) of ``group_id`` (its own, else the queue's, else 0), or of the
+        queue when no group is given."""
+        gid = "*" if group_id is None else self._gid(group_id)
+        return int(await (await self._groups()).get_ordering_delay(gid))
+
     async def pause_group(self, group_id: str) -> None:
         """Hold every not-yet-started job of the group; running ones finish."""
         await (await self._groups()).op("pause", self._gid(group_id))
@@ -159,6 +199,21 @@ class GroupsMixin:
 def refuse_flow_parent(result: Any, gid: str) -> None:
     if result == FLOW_PARENT_REFUSED:
         raise GroupJobRefused(f"group {gid!r}: a group job cannot be a flow child")
+
+
+def group_add_refusal(result: Any, opts: Mapping[str, Any]) -> Optional[GroupJobRefused]:
+    """The refusal the group add script answered with `result`, if any (nothing was written)."""
+    group = opts.get("group")
+    if not group or not isinstance(result, int):
+        return None
+    if result == FLOW_PARENT_REFUSED:
+        return GroupJobRefused(f"group {group['id']!r}: a group job cannot be a flow child")
+    if result == KEEP_LAST_BEHIND_PLAIN_REFUSED:
+        dedup = opts.get("de") or opts.get("deduplication") or {}
+        return GroupJobRefused(
+            f"group {group['id']!r}: deduplication keepLastIfActive of id {dedup.get('id')!r}: its job is active "
+            "and is not a group job, so nothing would create the kept job behind the group's gate")
+    return None
 
 
 def __getattr__(name: str) -> Any:

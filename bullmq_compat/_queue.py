@@ -13,9 +13,10 @@ from bullmq_compat._backends.base import NewJob, QueueBackend, WorkerChannel, Wo
 from bullmq_compat._errors import InvalidArgument, InvalidQueueName, script_error
 from bullmq_compat._events import EventEmitter
 from bullmq_compat._groups import (
-    FLOW_PARENT_REFUSED, GROUP_OPTIONS, GroupJobRefused, GroupsMixin, check_group_combination,
+    GROUP_OPTIONS, GroupsMixin, check_group_combination, group_add_refusal,
 )
 from bullmq_compat._job import Job
+from bullmq_compat._job_ids import JobIdGenerator, id_generator
 from bullmq_compat._queue_manage import QueueManagementMixin
 from bullmq_compat._scheduler import JobSchedulerMixin, _template_opts, _upsert, normalize_repeat_options
 from bullmq_compat._meter import JobMetrics
@@ -216,12 +217,14 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
                  backend: Optional[QueueBackend] = None, repeat_strategy: Any = None,
                  streams: Optional[Mapping[str, Any]] = None, settings: Optional[Mapping[str, Any]] = None,
                  skip_metas_update: Optional[bool] = None, skip_version_check: bool = False,
-                 skip_waiting_for_ready: bool = False, blocking_connection: Optional[bool] = None) -> None:
+                 skip_waiting_for_ready: bool = False, blocking_connection: Optional[bool] = None,
+                 job_id_generator: Optional[JobIdGenerator] = None) -> None:
         # Node's QueueOptions under Python names (docs/compatibility.md has the table): streams and
         # settings in Node's nested form; skip_version_check, skip_waiting_for_ready and
         # blocking_connection change nothing here (no Redis version gate, connections open on
         # first use, and a Queue never blocks), so they are accepted as Node accepts them
         max_len_events = _events_max_len(streams, max_len_events)
+        generator = id_generator(job_id_generator)  # refused before a connection is made
         repeat_strategy = _repeat_setting(settings, repeat_strategy)
         if skip_metas_update is not None:
             skip_meta_update = bool(skip_metas_update)
@@ -237,6 +240,13 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
         self.max_len_events = max_len_events
         self.skip_meta_update = skip_meta_update
         self.telemetry, self.meter = resolve_telemetry(telemetry)
+        #: makes the id of each add that gives none (docs/queue.md, "Job ids"); None: the queue's counter
+        self._id_generator = generator
+
+    @property
+    def job_id_generator(self) -> Optional[JobIdGenerator]:
+        """The ``job_id_generator=`` this queue was made with, or None."""
+        return None if self._id_generator is None else self._id_generator.fn
 
     async def _first_use(self) -> None:
         try:
@@ -251,6 +261,8 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
     # -- adding ---------------------------------------------------------------------------------
     def _new_job(self, name: str, data: Any, opts: Mapping[str, Any]) -> NewJob:
         merged = merge_defaults(self.default_job_options, normalize_job_options(opts, extra=GROUP_OPTIONS))
+        if self._id_generator is not None and "jobId" not in merged:  # an explicit job_id wins
+            merged["jobId"] = self._id_generator(name, data)
         check_group_combination(merged)
         if merged.get("group") is not None:
             from bullmq_compat._groups import group_support
@@ -284,8 +296,9 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
     def _check_result(self, prepared: Any, result: Any) -> Any:
         if isinstance(result, BaseException):
             raise result
-        if result == FLOW_PARENT_REFUSED and prepared.opts.get("group"):
-            raise GroupJobRefused(f"group {prepared.opts['group']['id']!r}: a group job cannot be a flow child")
+        refusal = group_add_refusal(result, prepared.opts)
+        if refusal is not None:
+            raise refusal
         if isinstance(result, int) and result < 0:
             parent = prepared.opts.get("parent")
             parent_key = f"{parent['queue']}:{parent['id']}" if parent else None

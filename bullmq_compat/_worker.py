@@ -23,6 +23,7 @@ import uuid
 from typing import Any, Awaitable, Callable, Mapping, Optional, Union
 
 from bullmq_compat._backoff import BackoffStrategy
+from bullmq_compat._batch import BatchRunner, batch_options
 from bullmq_compat._errors import (
     DelayedError,
     InvalidArgument,
@@ -116,7 +117,9 @@ class Worker(LockKeepingMixin, QueueBase):
                  skip_lock_renewal: bool = False, run_retry_delay: int = 15000, use_processes: bool = False,
                  process_pool_size: Optional[int] = None, shutdown_timeout: float = 30.0,
                  fast_path: bool = True, group_keeper: Union[bool, str] = True, group_sweep_interval: float = 1.0,
-                 telemetry: Any = None, autorun: bool = False, maximum_rate_limit_delay: int = 30000) -> None:
+                 telemetry: Any = None, autorun: bool = False, maximum_rate_limit_delay: int = 30000,
+                 metrics_port: Optional[int] = None, batch: Optional[Mapping[str, Any]] = None,
+                 max_bytes: Optional[int] = None) -> None:
         super().__init__(queue_name, connection, prefix=prefix, schema=schema, migrate=migrate)
         self.id = str(uuid.uuid4())
         self.worker_name = name
@@ -155,6 +158,12 @@ class Worker(LockKeepingMixin, QueueBase):
         self.fast_path = fast_path
         # spans (None: none); the meter of Node's MetricNames, fed by the jobs it finishes (None: none)
         self.telemetry, self.meter = resolve_telemetry(telemetry)
+        # Prometheus job metrics on this port (one server per process, see _prometheus); None: off
+        self._prometheus: Any = None
+        if metrics_port is not None:
+            from bullmq_compat._prometheus import WorkerMetrics
+
+            self._prometheus = WorkerMetrics(self.name, metrics_port)
         # releases groups whose jobs Node workers finished (see _groups.py); ours release directly
         # group_keeper=True sweeps the queue's groups every group_sweep_interval; "stream" also follows
         # the events stream (releases within milliseconds, at some CPU per job); False: none
@@ -165,6 +174,12 @@ class Worker(LockKeepingMixin, QueueBase):
             make_keeper(sweep_interval=group_sweep_interval, follow_stream=group_keeper == "stream")
             if group_keeper and make_keeper is not None else None)
         self.use_processes = use_processes
+        # batch={"size": n, ...}: the processor takes up to n jobs at a time (_batch.py, docs/worker.md)
+        self.batch = batch_options(batch, max_bytes)
+        if self.batch is not None and use_processes:
+            raise InvalidArgument("batch= is not supported with use_processes=True (a sandboxed processor takes "
+                                  "one job): run the batch processor in the worker's process")
+        self._batcher = BatchRunner(self, self.batch) if self.batch is not None else None
         if process_pool_size is not None:
             _positive_int("process_pool_size", process_pool_size)
         self._process_pool_size_option = process_pool_size  # None: as many children as concurrency
@@ -256,7 +271,7 @@ class Worker(LockKeepingMixin, QueueBase):
 
     def _start_slot(self) -> None:
         self._slot_count += 1
-        self._slots.append(asyncio.ensure_future(self._slot()))
+        self._slots.append(asyncio.ensure_future(self._batcher.slot() if self._batcher is not None else self._slot()))
 
     # -- cancellation -------------------------------------------------------------------------
     def cancel_job(self, job_id: str, reason: Any = None) -> bool:
@@ -722,9 +737,12 @@ class Worker(LockKeepingMixin, QueueBase):
             self.emit("error", err)
             return None
         self.emit("completed", job, result, "active")
+        if self._prometheus is not None:
+            self._prometheus.completed(job)
         return self._job_from_reply(reply, token) if fetch_next else None
 
-    async def _handle_failed(self, job: Job, err: Exception, token: str) -> Optional[Job]:
+    async def _handle_failed(self, job: Job, err: Exception, token: str, *,
+                             fetch_next: Optional[bool] = None) -> Optional[Job]:
         try:
             if isinstance(err, RateLimitError) or str(err) == RATE_LIMIT_MESSAGE:
                 ttl = await job.move_to_wait(token)
@@ -734,12 +752,14 @@ class Worker(LockKeepingMixin, QueueBase):
             if isinstance(err, (DelayedError, WaitingChildrenError)) or type(err).__name__ in (
                     "DelayedError", "WaitingChildrenError", "WaitingError"):
                 return None
-            fetch_next = self._fetch_next()
+            fetch_next = self._fetch_next() if fetch_next is None else fetch_next
             reply = await job.move_to_failed(err, token, fetch_next)
         except ScriptError as script_err:
             self.emit("error", script_err)
             return None
         self.emit("failed", job, err, "active")
+        if self._prometheus is not None:
+            self._prometheus.failed(job)
         return self._job_from_reply(reply, token) if fetch_next and reply is not None else None
 
     # -- manual processing ---------------------------------------------------------------------------

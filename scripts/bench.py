@@ -40,6 +40,9 @@ Measurements (job counts for the default run; --quick: fewer jobs and 1 round):
                  also runs an ungrouped twin (process-c100's settings) right before or after it,
                  alternately, and reports the pair's ratio (its median over the rounds), besides
                  the ratio of its median to process-c100's
+  process-batch50 bullmq-compat only: the same jobs taken by a batch worker (batch={"size": 50},
+                 concurrency 2: 2 batches in flight), paired as process-grouped with a
+                 concurrency-100 twin; reports the ratios of jobs/s and of client CPU per job
   latency        idle worker; 200 jobs added one at a time, 20 ms apart; latency = handler start
                  time minus job.timestamp, p50/p99 (nearest rank) per round
 
@@ -111,6 +114,8 @@ class Measurement:
     only: Optional[str] = None    # run this implementation only
     baseline: Optional[str] = None  # the measurement (same implementation) to give a ratio against
     backend: str = "redis"        # "redis" or "postgres"
+    batch_size: int = 0           # a batch worker (bullmq-compat only): batch={"size": batch_size}
+    twin_concurrency: int = 0     # the paired twin's concurrency (0: the same as this one's)
 
     @property
     def is_latency(self) -> bool:
@@ -345,7 +350,8 @@ class Target:
 def run_one(impl: Impl, m: Measurement, target: Target) -> dict[str, Any]:
     args: dict[str, Any] = {"queue": f"bench-{m.key}-{uuid.uuid4().hex[:8]}", "op": m.op, "jobs": m.jobs,
                             "concurrency": m.concurrency, "removeOnComplete": m.remove_on_complete,
-                            "batch": m.batch, "interval": m.interval, "groups": m.groups}
+                            "batch": m.batch, "interval": m.interval, "groups": m.groups,
+                            "batchSize": m.batch_size}
     schema = None
     if m.backend == "postgres":
         assert target.postgres_url
@@ -397,7 +403,8 @@ def run_paired(impl: Impl, m: Measurement, server: Target, twin_first: bool) -> 
     """Run ``m`` and, right before or after it (alternating by round), its twin without groups:
     the same jobs and worker settings, so that the machine's drift, which is large here, hits both
     alike. The run of ``m`` carries the twin's rate and the ratio of the two."""
-    twin = replace(m, key=f"{m.key}-twin", groups=0, baseline=None)
+    twin = replace(m, key=f"{m.key}-twin", groups=0, batch_size=0, baseline=None,
+                   concurrency=m.twin_concurrency or m.concurrency)
     if twin_first:
         base = run_one(impl, twin, server)
         run = run_one(impl, m, server)
@@ -406,6 +413,9 @@ def run_paired(impl: Impl, m: Measurement, server: Target, twin_first: bool) -> 
         base = run_one(impl, twin, server)
     run["pairedBaselineJobsPerSec"] = base["jobsPerSec"]
     run["pairedRatio"] = run["jobsPerSec"] / base["jobsPerSec"] if base["jobsPerSec"] else 0.0
+    run["pairedBaselineCpuUsPerJob"] = base["clientCpuUsPerJob"]
+    run["pairedCpuRatio"] = (run["clientCpuUsPerJob"] / base["clientCpuUsPerJob"]
+                             if base["clientCpuUsPerJob"] else 0.0)
     return run
 
 
@@ -456,6 +466,11 @@ def measurements(args: argparse.Namespace) -> list[Measurement]:
         f"concurrency 100, jobs kept (bullmq-compat only; ratio against its ungrouped run)", "process", n_proc,
         concurrency=100, batch=min(1000, n_proc), groups=max(1, n_proc // 20), only="compat",
         baseline="process-c100"))
+    out.append(Measurement(
+        "process-batch50", f"process {n_proc:,} pre-loaded no-op jobs in batches of 50 (batch worker, 2 batches "
+        f"in flight), jobs kept (bullmq-compat only; ratio against its concurrency-100 run)", "process", n_proc,
+        concurrency=2, batch=min(1000, n_proc), batch_size=50, twin_concurrency=100, only="compat",
+        baseline="process-c100"))
     out.append(Measurement("latency", f"latency add -> processing start, idle worker ({n_lat} jobs, 20 ms apart)",
                            "latency", n_lat, interval=20))
     out += postgres_measurements(args)
@@ -482,7 +497,7 @@ def cell_summary(cell: Cell, m: Measurement) -> Optional[dict[str, Any]]:
     if m.is_latency:
         keys += ["p50Ms", "p99Ms"]
     if all("pairedRatio" in r for r in cell.runs):
-        keys += ["pairedRatio", "pairedBaselineJobsPerSec"]
+        keys += ["pairedRatio", "pairedBaselineJobsPerSec", "pairedCpuRatio", "pairedBaselineCpuUsPerJob"]
     return {k: summarize([r[k] for r in cell.runs]) for k in keys} | {"rounds": len(cell.runs)}
 
 
@@ -733,8 +748,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                     extra = (f"p50 {run['p50Ms']:.2f} ms p99 {run['p99Ms']:.2f} ms" if m.is_latency
                              else f"{run['jobsPerSec']:>10,.0f} jobs/s")
                     if "pairedRatio" in run:
-                        extra += (f" (ungrouped twin {run['pairedBaselineJobsPerSec']:,.0f} jobs/s: "
-                                  f"{run['pairedRatio']:.2f}x)")
+                        twin_name = "concurrency-100 twin" if m.batch_size else "ungrouped twin"
+                        extra += (f" ({twin_name} {run['pairedBaselineJobsPerSec']:,.0f} jobs/s: "
+                                  f"{run['pairedRatio']:.2f}x; cpu {run['pairedBaselineCpuUsPerJob']:.1f} us/job: "
+                                  f"{run['pairedCpuRatio']:.2f}x)")
                     server_part = (f"  redis {run['redisCmdUsPerJob']:.1f} us/job" if "redisCmdUsPerJob" in run
                                    else f"  cpu/wall {run['clientCpuShare'] * 100:.0f}%")
                     print(f"  round {r + 1} {m.key:<16} {impl.key:<8} {extra}  "
@@ -761,8 +778,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             paired = summary[m.key].get(m.only or "", {}) or {}
             if "pairedRatio" in paired:
                 p = paired["pairedRatio"]
-                print(f"   paired: each round's run vs an ungrouped twin run just before or after it "
-                      f"(same settings): median {p['median']:.2f}x [{p['min']:.2f}-{p['max']:.2f}]")
+                twin_name = "a concurrency-100 twin (no batches)" if m.batch_size else "an ungrouped twin"
+                c = paired["pairedCpuRatio"]
+                print(f"   paired: each round's run vs {twin_name} run just before or after it: jobs/s "
+                      f"median {p['median']:.2f}x [{p['min']:.2f}-{p['max']:.2f}], client CPU per job "
+                      f"median {c['median']:.2f}x [{c['min']:.2f}-{c['max']:.2f}] (twin "
+                      f"{paired['pairedBaselineCpuUsPerJob']['median']:.1f} us/job)")
         note = postgres_note(plan, summary, machine, cells)
         if note:
             print()

@@ -275,8 +275,9 @@ class CompatAdapter(Adapter):
             async def process(job: Any) -> Any:
                 on_start(job)
 
+        batch = {"batch": {"size": self.args["batchSize"]}} if self.args.get("batchSize") else {}
         self.worker = Worker(self.args["queue"], process, **self.where, concurrency=concurrency,
-                             remove_on_complete=True if remove_on_complete else None)
+                             remove_on_complete=True if remove_on_complete else None, **batch)
         self.worker.on("error", lambda err, *_: print(f"worker error: {err!r}", file=sys.stderr))
         self.worker.on("completed", on_completed)
 

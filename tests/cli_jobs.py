@@ -9,3 +9,15 @@ async def double(job):
 def slow(job):
     time.sleep(1.0)
     return "slow-done"
+
+
+async def fail_when_asked(job):
+    """Fails the jobs whose data has ``fail`` (for the Prometheus tests' failed counters)."""
+    if (job.data or {}).get("fail"):
+        raise ValueError("asked to fail")
+    return "ok"
+
+
+async def batch_sizes(job):
+    """A batch processor: each job of the batch gets the batch's size."""
+    return len(job.get_batch())

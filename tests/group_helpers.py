@@ -41,6 +41,21 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+@contextlib.asynccontextmanager
+async def a_queue(name: str, url: str, **kwargs: Any) -> AsyncIterator[Queue]:
+    """A Queue, closed on the way out."""
+    queue = Queue(name, connection=url, **kwargs)
+    try:
+        yield queue
+    finally:
+        await queue.close()
+
+
+async def held_ids(queue: Queue, gid: str) -> list[str]:
+    """The ids of the group's jobs waiting for their turn, in the order they will run."""
+    return [job.id for job in await queue.get_group_jobs(gid)]
+
+
 def rec_key(queue_name: str) -> str:
     return f"rec:{queue_name}"
 

@@ -39,7 +39,10 @@ def test_bench_quick_compat_and_node(tmp_path: Path) -> None:
     keys = {m["key"] for m in doc["config"]["measurements"]}
     assert {"add", "add-bulk", "process-c1", "process-c10-roc", "process-c100", "latency"} <= keys
     only = {m["key"]: m.get("only") for m in doc["config"]["measurements"]}
-    assert only.get("process-grouped") == "compat"
+    assert only.get("process-grouped") == "compat" and only.get("process-batch50") == "compat"
+    batch = doc["summary"]["process-batch50"]["compat"]
+    assert batch["pairedRatio"]["median"] > 0 and batch["pairedCpuRatio"]["median"] > 0
+    assert "client CPU per job median" in proc.stdout  # the batch row's CPU ratio to its twin
     for key, per_impl in doc["summary"].items():
         for impl in ((only[key],) if only.get(key) else ("compat", "node")):
             s = per_impl[impl]

@@ -56,32 +56,47 @@ def test_pause_and_resume(redis_url, queue_name):
     assert asyncio.run(paused()) is False
 
 
-def test_worker_processes_jobs_and_stops_gracefully_on_sigterm(redis_url, queue_name):
+def _run_cli_worker(redis_url, queue_name, count, worker_args, timeout=30):
+    """Add ``count`` jobs {"i": i}, run ``bullmq-compat worker <worker_args>`` until they all have a
+    return value, stop it with SIGTERM; returns (the return values, the worker's stdout)."""
     async def add_and_read(ids=None):
         queue = Queue(queue_name, redis_url)
         try:
             if ids is None:
-                return [(await queue.add("d", {"i": i})).id for i in range(3)]
+                return [str(job.id) for job in await queue.add_bulk([{"name": "d", "data": {"i": i}}
+                                                                       for i in range(count)])]
             return [(await queue.get_job(i)).returnvalue for i in ids]
         finally:
             await queue.close()
 
     ids = asyncio.run(add_and_read())
-    proc = subprocess.Popen([sys.executable, "-m", "bullmq_compat", "worker", "tests.cli_jobs:double",
-                             "--queue", queue_name, "--redis", redis_url, "--concurrency", "2"],
+    proc = subprocess.Popen([sys.executable, "-m", "bullmq_compat", "worker", *worker_args,
+                             "--queue", queue_name, "--redis", redis_url],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + timeout
         values = asyncio.run(add_and_read(ids))
         while None in values and time.monotonic() < deadline:
             time.sleep(0.2)
             values = asyncio.run(add_and_read(ids))
-        assert values == [{"double": 0}, {"double": 2}, {"double": 4}]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0
+        return values, proc.stdout.read()
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_worker_processes_jobs_and_stops_gracefully_on_sigterm(redis_url, queue_name):
+    values, _ = _run_cli_worker(redis_url, queue_name, 3, ["tests.cli_jobs:double", "--concurrency", "2"])
+    assert values == [{"double": 0}, {"double": 2}, {"double": 4}]
+
+
+def test_worker_with_batch_options_processes_jobs_in_batches(redis_url, queue_name):
+    values, out = _run_cli_worker(redis_url, queue_name, 6, [
+        "tests.cli_jobs:batch_sizes", "--batch", "3", "--batch-min-size", "3", "--batch-timeout", "5000"])
+    assert values == [3] * 6  # 6 waiting jobs, batches of 3
+    assert "batches of up to 3" in out
 
 
 def test_retry_failed_and_clean(redis_url, queue_name):
@@ -134,6 +149,8 @@ def test_retry_failed_and_clean(redis_url, queue_name):
     (["add", "--queue", "q", "--name", "n", "--opts", '{"nope": 1}'], "unknown job option 'nope'"),
     (["worker", "no_such_module:fn", "--queue", "q"], "cannot import 'no_such_module'"),
     (["lua", "nothing"], "no script named 'nothing'"),
+    (["worker", "tests.cli_jobs:double", "--queue", "q", "--batch", "0"], "batch size=0 must be an int >= 1"),
+    (["worker", "tests.cli_jobs:double", "--queue", "q", "--batch-timeout", "10"], "need --batch SIZE"),
 ])
 def test_errors_print_one_line_without_a_traceback(args, message, redis_url):
     if "--redis" not in args:

@@ -263,6 +263,36 @@ async def test_groups_on_cluster_keep_order_with_two_workers(client: RedisCluste
         assert await queue.get_groups() == []
 
 
+async def test_group_ordering_delay_and_group_dedup_on_cluster(client: RedisCluster, name: str) -> None:
+    """Jobs added out of order within the ordering window (and a deduplicated, replaced one) run in
+    order_ms order on the cluster: the delay setting and the dedup keys live under the prefix."""
+    runs: list[tuple[str, int]] = []
+
+    async def process(job: Any) -> None:
+        runs.append((job.data["g"], job.data["s"]))
+
+    base = int(time.time() * 1000)
+    async with Queue(name, connection=client, prefix=PREFIX) as queue:
+        await queue.set_group_ordering_delay(1500)
+        await queue.set_group_options("g1", ordering_delay_ms=1000)
+        for s in (3, 1, 0, 2):
+            for g in ("g0", "g1"):
+                await queue.add("o", {"g": g, "s": s}, group=g, order_ms=base + s)
+        dd = {"id": "dd", "replace": True}
+        gone = await queue.add("o", {"g": "g0", "s": 99}, group="g0", order_ms=base + 50, deduplication=dd)
+        kept = await queue.add("o", {"g": "g0", "s": 4}, group="g0", order_ms=base + 60, deduplication=dd)
+        assert await queue.get_job(gone.id) is None and kept.id != gone.id
+        assert (await queue.add("o", {"g": "g0", "s": 5}, group="g0", deduplication={"id": "dd"})).id == kept.id
+        worker = Worker(name, process, connection=client, concurrency=4, **FAST)
+        rec = Recorder(worker)
+        async with worker:
+            await wait_until(lambda: len(runs) == 9, 20, "9 group jobs")
+        assert not rec.errors, rec.errors
+        assert [s for g, s in runs if g == "g0"] == [0, 1, 2, 3, 4]
+        assert [s for g, s in runs if g == "g1"] == [0, 1, 2, 3]
+        assert await queue.get_groups() == []
+
+
 @pytest.mark.node
 async def test_node_worker_on_cluster_processes_python_jobs(client: RedisCluster, name: str,
                                                            cluster: LocalCluster) -> None:

@@ -23,17 +23,9 @@ from bullmq_compat._errors import JobLockMismatch
 from bullmq_compat._groups import GroupJobRefused, GroupKeeper
 from tests._redis_server import RedisServer
 from tests.group_helpers import (
+    a_queue, held_ids,
     HELD_JOBS, add_in_batches, check_groups, counts_by_group, group_jobs, keeper_proc, now_ms, python_worker_proc,
     python_workers, read_records, rec_key, recording_processor, wait_completed, wait_records, wait_until)
-
-
-@contextlib.asynccontextmanager
-async def a_queue(name: str, url: str, **kwargs: Any) -> AsyncIterator[Queue]:
-    queue = Queue(name, connection=url, **kwargs)
-    try:
-        yield queue
-    finally:
-        await queue.close()
 
 
 @contextlib.asynccontextmanager
@@ -80,10 +72,6 @@ async def leave_a_stale_slot(queue: Queue, worker: Worker, gid: str) -> Any:
     assert job is not None and job.id == "X"
     await finish_as_node(queue, worker, job, "tok")
     return after
-
-
-async def held_ids(queue: Queue, gid: str) -> list[str]:
-    return [job.id for job in await queue.get_group_jobs(gid)]
 
 
 # -- invariants 1 and 2: at most one job of a group runs, in add order ------------------------------
@@ -812,19 +800,18 @@ async def test_delete_group_jobs_removes_only_the_groups_held_jobs(
         assert await group_keys_left(redis, queue_name) <= {"seq", "sweep", "conc"}
 
 
-async def test_group_jobs_with_a_flow_parent_or_deduplication_are_refused(
+async def test_group_jobs_with_a_flow_parent_are_refused(
         redis_url: str, queue_name: str, redis: aioredis.Redis) -> None:
+    """(Deduplication works on group jobs, all five modes: tests/test_group_ordering.py and
+    tests/test_group_dedup.py, which also has what it still refuses.)"""
     async with a_queue(queue_name, redis_url) as queue:
         parent = await queue.add("parent", {})
         with pytest.raises(GroupJobRefused):
             await queue.add("child", {}, group="F", parent={"id": parent.id, "queue": f"bull:{queue_name}"})
         with pytest.raises(GroupJobRefused):
-            await queue.add("d", {}, group="F", deduplication={"id": "x"})
-        with pytest.raises(InvalidJobOptions):
-            await queue.add("d", {}, group={"id": "F"}, deduplication={"id": "x", "ttl": 100})
-        with pytest.raises(GroupJobRefused):
             await queue.add_bulk([{"name": "ok", "data": {}, "opts": {"group": "F"}},
-                                  {"name": "bad", "data": {}, "opts": {"group": "F", "deduplication": {"id": "y"}}}])
+                                  {"name": "bad", "data": {}, "opts": {"group": "F", "parent": {
+                                      "id": parent.id, "queue": f"bull:{queue_name}"}}}])
         assert issubclass(GroupJobRefused, InvalidJobOptions)
         for bad in ("", {"id": ""}, {"id": 5}, {"name": "x"}, 42):
             with pytest.raises(InvalidJobOptions):
@@ -1128,11 +1115,19 @@ async def _exercise_groups(url: str, prefix: str, queue_name: str) -> None:
         await queue.set_default_group_concurrency(1)
         await queue.set_group_concurrency("g1", 2)
         await queue.pause_group("g2")
+        await queue.set_group_ordering_delay(0)
+        await queue.set_group_options("g0", ordering_delay_ms=100)
         items = [{"name": "x", "data": {"g": f"g{i % 3}", "s": i}, "opts": {"group": f"g{i % 3}"}} for i in range(12)]
         items[4]["opts"]["order_ms"] = 1
         items[5]["opts"]["priority"] = 2
         items[6]["opts"]["delay"] = 50
         await queue.add_bulk(items)
+        # the ordering window (released to delayed, taken back by an earlier job) and dedup's replace
+        await queue.add("w", {"g": "g0", "s": 50}, group="g0", order_ms=now_ms() + 20)
+        await queue.add("w", {"g": "g0", "s": 51}, group="g0", order_ms=now_ms() - 20)
+        dd = {"id": "dd", "replace": True, "ttl": 5000, "extend": True}
+        await queue.add("r", {"g": "g1", "s": 60}, group="g1", delay=100, deduplication=dd)
+        await queue.add("r", {"g": "g0", "s": 61}, group="g0", delay=100, deduplication=dd)
         await queue.add("fails", {"g": "g0", "s": 99, "fail": "boom"}, group="g0")
         held = await queue.get_group_jobs("g2")
         await held[0].remove()

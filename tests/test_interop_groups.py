@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import signal
 import time
 import urllib.parse
@@ -427,15 +428,113 @@ async def test_node_group_producer_jobs_run_in_order_on_a_python_worker(
         assert stored.attempts == 2
         assert await redis.hget(f"bull:{queue_name}:{g3}", "gid") == "G"
         assert await queue.get_job_state(h0) == "waiting" and await queue.get_job_state(h1) == "waiting-children"
-        with pytest.raises(NodeError, match="flow parent or deduplication"):
+        with pytest.raises(NodeError, match="flow parent"):
             await node("groupAdd", redis=redis_url, queue=queue_name, jobs=[
-                {"name": "n", "data": {}, "opts": {"group": "G", "deduplication": {"id": "x"}}}])
+                {"name": "n", "data": {}, "opts": {"group": "G", "parent": {"id": "1", "queue": "bull:x"}}}])
 
         async with python_workers(redis_url, queue_name, 1, concurrency=4):
             await wait_records(redis, rec, 7, 10, queue)
         ends, starts = await read_records(redis, rec)
         assert [s["id"] for s in starts if s["g"] == "G"] == [py_first.id, g2, g1, g3, py_last.id]
         check_groups(ends, starts, {"G": 5, "H": 2})
+
+
+# -- ordering delay and deduplication under Node workers and Node producers ----------------------------
+
+ORDER_WINDOW_MS = 4000  # generous: every add lands well within it on a loaded machine
+
+
+async def test_node_workers_and_a_keeper_run_out_of_order_adds_in_order_ms_order_under_an_ordering_delay(
+        redis_url: str, queue_name: str, redis: aioredis.Redis) -> None:
+    """Producers add each group's jobs out of order within the window; Node BullMQ Workers (which
+    know nothing of the gate) and one keeper run them in order_ms order: the head waits out its
+    window in upstream's delayed set, which Node's workers promote themselves."""
+    rec = rec_key(queue_name)
+    groups, per_group = 6, 5
+    base = now_ms()
+    jobs = [(f"O{g}", s) for g in range(groups) for s in range(per_group)]
+    random.Random(5).shuffle(jobs)
+    async with Queue(queue_name, connection=redis_url) as queue:
+        await queue.set_group_ordering_delay(ORDER_WINDOW_MS)
+        await queue.set_group_options("O0", ordering_delay_ms=ORDER_WINDOW_MS + 500)
+        async with keeper_proc(redis_url, queue_name, 0.5), \
+                node_workers(redis_url, queue_name, workers=2, concurrency=5):
+            for i, (g, s) in enumerate(jobs):
+                await queue.add("o", {"g": g, "s": s}, group=g, order_ms=base + 10 * s)
+                if i % 5 == 4:
+                    await asyncio.sleep(0.05)
+            assert now_ms() < base + ORDER_WINDOW_MS, "the adds took longer than the window (machine overloaded?)"
+            await wait_records(redis, rec, len(jobs), 60, queue)
+        ends, starts = await read_records(redis, rec)
+        check_groups(ends, starts, {f"O{g}": per_group for g in range(groups)})
+        assert {e["w"] for e in ends} == {"node"}
+        for start in starts:
+            window = ORDER_WINDOW_MS + (500 if start["g"] == "O0" else 0)
+            assert start["t0"] >= base + 10 * start["s"] + window - 5, start
+        await assert_no_group_left(queue)
+
+
+async def test_node_workers_removing_finished_jobs_are_released_at_once_after_an_ordering_window(
+        redis_url: str, queue_name: str, redis: aioredis.Redis) -> None:
+    """Heads wait out their window in the delayed set (upstream's 'delayed' event has no gid) and
+    Node Workers remove them when done: the keeper, sweeping only every 60 s, still knows their
+    groups (it read them from the hashes on the 'delayed' events), so each group's jobs follow
+    each other within seconds."""
+    rec = rec_key(queue_name)
+    groups, per_group = 5, 4
+    async with Queue(queue_name, connection=redis_url) as queue:
+        await queue.set_group_ordering_delay(800)
+        async with keeper_proc(redis_url, queue_name, 60), \
+                node_workers(redis_url, queue_name, workers=1, concurrency=5, removeOnComplete={"count": 0}):
+            await asyncio.sleep(1.0)  # the keeper's first sweep is behind it: only its stream releases
+            for s in range(per_group):
+                for g in range(groups):
+                    await queue.add("o", {"g": f"R{g}", "s": s}, group=f"R{g}", order_ms=now_ms())
+            started = time.monotonic()
+            await wait_records(redis, rec, groups * per_group, 30, queue)
+        took = time.monotonic() - started
+        print(f"{groups * per_group} jobs, ordering delay 0.8 s, Node workers removing on complete: {took:.2f}s")
+        ends, starts = await read_records(redis, rec)
+        check_groups(ends, starts, {f"R{g}": per_group for g in range(groups)})
+        assert await queue.get_job_counts("completed", "waiting-children", "delayed") == {
+            "completed": 0, "waiting-children": 0, "delayed": 0}
+
+
+async def test_node_group_producer_under_an_ordering_delay_and_with_deduplication(
+        redis_url: str, queue_name: str, redis: aioredis.Redis) -> None:
+    """interop/groups.js passes whether orderMs was given, so the ordering delay applies to its jobs
+    (a late earlier job takes the head's place), and its deduplication decides as Node's own add."""
+    rec = rec_key(queue_name)
+    base = now_ms()
+    async with Queue(queue_name, connection=redis_url) as queue:
+        await queue.set_group_ordering_delay(ORDER_WINDOW_MS)
+        first = await node("groupAdd", redis=redis_url, queue=queue_name, jobs=[
+            {"name": "n", "data": {"g": "N", "s": 2}, "opts": {"group": "N", "orderMs": base + 20}},
+            {"name": "n", "data": {"g": "N", "s": 0}, "opts": {"group": "N", "orderMs": base}},
+            {"name": "n", "data": {"g": "N", "s": 3}, "opts": {"group": "N", "orderMs": base + 30,
+                                                              "deduplication": {"id": "nd"}}},
+            {"name": "n", "data": {"g": "N", "s": 9}, "opts": {"group": "N", "orderMs": base + 31,
+                                                              "deduplication": {"id": "nd"}}},
+            # Node's timestamp-ordered add (no orderMs) is due at once: another group runs it now
+            {"name": "n", "data": {"g": "M", "s": 0}, "opts": {"group": "M"}},
+        ])
+        n2, n0, n3, dup, m0 = first["ids"]
+        assert dup == n3
+        assert await queue.get_job_state(n0) == "delayed" and await queue.get_job_state(n2) == "waiting-children"
+        assert await queue.get_job_state(m0) == "waiting"
+        late = await queue.add("p", {"g": "N", "s": 1}, group="N", order_ms=base + 10)
+        assert [j.id for j in await queue.get_group_jobs("N")] == [late.id, n2, n3]
+        dedup = [fields for _, fields in await redis.xrange(f"bull:{queue_name}:events")
+                 if fields["event"] == "deduplicated"]
+        assert [(e["jobId"], e["deduplicationId"]) for e in dedup] == [(n3, "nd")]
+        assert await queue.get_deduplication_job_id("nd") == n3
+        async with python_workers(redis_url, queue_name, 1, concurrency=4):
+            assert now_ms() < base + ORDER_WINDOW_MS, "the adds took longer than the window (machine overloaded?)"
+            await wait_records(redis, rec, 5, 30, queue)
+        ends, starts = await read_records(redis, rec)
+        assert [s["id"] for s in starts if s["g"] == "N"] == [n0, late.id, n2, n3]
+        check_groups(ends, starts, {"N": 4, "M": 1})
+        assert await queue.get_deduplication_job_id("nd") is None  # finished: the simple mode's key went
 
 
 # -- what the gate cannot see: upstream's retry of a finished group job --------------------------------

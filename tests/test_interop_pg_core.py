@@ -271,6 +271,14 @@ async def test_a_group_job_is_refused_on_postgres(postgres_url: str, pg_schema: 
             await queue.add("n", {"i": 1}, group={"id": "tenant-1"})
         with pytest.raises(NotSupportedOnBackend, match="groups.*postgres"):
             await queue.add_bulk([{"name": "n", "data": {}, "opts": {"group": {"id": "g"}}}])
+        with pytest.raises(NotSupportedOnBackend, match="groups.*postgres"):
+            await queue.add("n", {}, group="g", order_ms=5, deduplication={"id": "d"})
+        with pytest.raises(NotSupportedOnBackend, match="groups.*postgres"):
+            await queue.set_group_ordering_delay(1000)
+        with pytest.raises(NotSupportedOnBackend, match="groups.*postgres"):
+            await queue.set_group_options("g", ordering_delay_ms=10)
+        with pytest.raises(NotSupportedOnBackend, match="groups.*postgres"):
+            await queue.get_group_ordering_delay("g")
     assert sum((await node("getJobCounts", **pg, queue=queue_name)).values()) == 0
 
 

@@ -776,3 +776,33 @@ async def test_a_worker_starting_on_a_fresh_redis_loads_each_script_once() -> No
     finally:
         await admin.aclose()
         server.stop()
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["fast", "redis-py"])
+async def test_a_worker_busy_from_its_first_job_is_listed_by_get_workers(redis_url: str, queue_name: str,
+                                                                         queue: Queue, fast_path: bool) -> None:
+    """Node's worker names its blocking connection when it starts; ours too, so a worker that has never
+    had to wait for a job (a backlog, concurrency 1) is in CLIENT LIST, getWorkers and Bull-Board."""
+    await queue.add_bulk([{"name": "long", "data": {}} for _ in range(3)])
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def process(job: Any) -> None:
+        started.set()
+        await release.wait()
+
+    worker = Worker(queue_name, process, redis_url, fast_path=fast_path, name="busy-one")
+    task = asyncio.ensure_future(worker.run(handle_signals=False))
+    try:
+        await asyncio.wait_for(started.wait(), 30)
+        workers = await wait_until(queue.get_workers, 30, "the busy worker in getWorkers")
+        assert len(workers) == 1 and workers[0]["rawname"].endswith("busy-one")
+        assert await queue.get_workers_count() == 1
+    finally:
+        release.set()
+        await worker.close()
+        await task
+    assert await wait_until(lambda: _no_workers(queue), 30, "the worker gone from getWorkers")
+
+
+async def _no_workers(queue: Queue) -> bool:
+    return await queue.get_workers() == []

@@ -47,6 +47,19 @@ class NewJob:
 
 
 @dataclass
+class FinishJob:
+    """One active job to finish in `WorkerChannel.finish_many`: the arguments of `move_to_finished`."""
+
+    job_id: str
+    job_opts: Mapping[str, Any]   # Job.opts
+    target: str                   # "completed" or "failed" (for good)
+    value: str                    # JSON return value, or the failed reason
+    token: str
+    fields_to_update: Optional[Mapping[str, str]] = None
+    group_id: Optional[str] = None
+
+
+@dataclass
 class WorkerSettings:
     """What a worker's calls need besides the job: Node's WorkerOptions that reach the datastore."""
 
@@ -75,6 +88,39 @@ class WorkerChannel(abc.ABC):
                                group_id: Optional[str] = None) -> Optional[NextJob]:
         """Complete (``target="completed"``, ``value`` = JSON return value) or fail for good
         (``"failed"``, ``value`` = reason) an active job, then claim the next one when ``fetch_next``."""
+
+    async def move_to_active_many(self, tokens: Sequence[str], now: int) -> list[NextJob]:
+        """Claim up to ``len(tokens)`` jobs, the i-th with lock ``tokens[i]`` (a batch): one reply per
+        claim made, in order; claiming stops at the first that finds no job (that reply is last,
+        with its rate-limit delay / next delayed due time). This default claims one by one; the
+        backends override it with one round trip."""
+        replies: list[NextJob] = []
+        for token in tokens:
+            reply = await self.move_to_active(token, now)
+            replies.append(reply)
+            if reply[0] is None or reply[1] is None:
+                break
+        return replies
+
+    async def take_group_jobs(self, group_id: str, tokens: Sequence[str], now: int) -> list[NextJob]:
+        """Group affinity of a batch: take up to ``len(tokens)`` of the group's next held jobs (in group
+        order) straight into active, the i-th locked with ``tokens[i]``; one reply per job taken.
+        Backends without groups (PostgreSQL) take none."""
+        return []
+
+    async def finish_many(self, jobs: Sequence[FinishJob], now: int) -> list[Optional[BaseException]]:
+        """Complete or fail for good several active jobs (a batch; no next job fetched): per job None
+        when finished, or the exception that refused it (the others still finish). This default
+        finishes one by one; the backends override it with one round trip."""
+        results: list[Optional[BaseException]] = []
+        for job in jobs:
+            try:
+                await self.move_to_finished(job.job_id, job.job_opts, job.target, job.value, job.token, now,
+                                            False, job.fields_to_update, group_id=job.group_id)
+                results.append(None)
+            except Exception as err:
+                results.append(err)
+        return results
 
     @abc.abstractmethod
     async def move_to_delayed(self, job_id: str, now: int, delay: int, token: str, *,
@@ -133,6 +179,22 @@ class EventsReader(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None:
         """Release the reader's connection."""
+
+
+@dataclass
+class QueueFigures:
+    """One queue's figures for a metrics scrape (`QueueBackend.get_figures`)."""
+
+    #: job counts, one per state asked, in that order (as `QueueBackend.get_counts`)
+    counts: list[int]
+    #: Node's metrics totals (``getMetrics(...).meta.count``) of completed and failed jobs
+    completed_total: int
+    failed_total: int
+    #: the fields (at least ``timestamp``) of the job next in line of the wait list and of the
+    #: prioritized set (0, 1 or 2 jobs)
+    next_waiting: list[JobFields]
+    #: the workers (of any language) connected to the queue, as `get_client_list` finds them
+    workers: int
 
 
 class QueueBackend(abc.ABC):
@@ -225,6 +287,11 @@ class QueueBackend(abc.ABC):
     @abc.abstractmethod
     async def get_metrics(self, type: str, start: int, end: int) -> tuple[list[Any], list[Any], int]:
         """(meta [count, prevTS, prevCount], data points newest first, number of points)."""
+
+    @abc.abstractmethod
+    async def get_figures(self, states: Sequence[str]) -> QueueFigures:
+        """What a metrics scrape reads of this queue (`QueueFigures`, counts of ``states``), in as few
+        round trips as the datastore allows (`bullmq-compat metrics`, see _prometheus)."""
 
     @abc.abstractmethod
     async def get_rate_limit_ttl(self, max_jobs: Optional[int]) -> int: ...
@@ -406,3 +473,12 @@ class QueueBackend(abc.ABC):
 
     @abc.abstractmethod
     async def open_events_reader(self, client_name: str) -> EventsReader: ...
+
+
+def metrics_total(meta: Sequence[Any]) -> int:
+    """The total of a `QueueBackend.get_metrics` meta (``[count, prevTS, prevCount]``, text or bytes), 0 when unset."""
+    value = meta[0] if meta else 0
+    try:
+        return int(float(value.decode() if isinstance(value, bytes) else value or 0))
+    except (TypeError, ValueError):
+        return 0

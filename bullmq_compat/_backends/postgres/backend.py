@@ -12,6 +12,7 @@ value of the ``queue`` column, the namespace the connection's schema; there is n
 """
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 import uuid
@@ -22,8 +23,10 @@ from bullmq_compat._backends.base import (
     JobFields,
     NewJob,
     QueueBackend,
+    QueueFigures,
     WorkerChannel,
     WorkerSettings,
+    metrics_total,
 )
 from bullmq_compat._backends.postgres import adding, migrator, rows, sql
 from bullmq_compat._backends.postgres.connection import PostgresConnection
@@ -312,6 +315,26 @@ class PostgresBackend(JobSchedulerCalls, QueueBackend):
         row = (await self._run("get_metrics", [self.name, type, start, end])).first() or {}
         data = [str(point) for point in (row.get("data") or [])]
         return [str(row.get("total") or 0), "0", "0"], data, len(data)
+
+    # the job next in line without priority (least seq, as a worker takes it) and with (by priority, seq),
+    # each one step of job_ready_idx: what the Redis backend reads at the ends of its wait list and prioritized set
+    _NEXT_WAITING_SQL = (
+        "SELECT (SELECT added_at_ms FROM job WHERE queue = $1 AND state = 'waiting' AND priority = 0 "
+        "ORDER BY seq LIMIT 1) AS plain, (SELECT added_at_ms FROM job WHERE queue = $1 AND state = 'waiting' "
+        "AND priority > 0 ORDER BY priority, seq LIMIT 1) AS prioritized")
+
+    async def get_figures(self, states: Sequence[str]) -> QueueFigures:
+        """The scrape's reads, concurrently; the next waiting jobs by one indexed query (upstream's
+        get_range orders a state's rows newest first, so its first row is not the next in line)."""
+        counts, completed, failed, next_rows, clients = await asyncio.gather(
+            self.get_counts(states), self.get_metrics("completed", 0, 0), self.get_metrics("failed", 0, 0),
+            self.connection.execute(self._NEXT_WAITING_SQL, [self.name]), self.get_client_list())
+        row = next_rows.first() or {}
+        return QueueFigures(counts=list(counts), completed_total=metrics_total(completed[0]),
+                            failed_total=metrics_total(failed[0]),
+                            next_waiting=[{"timestamp": str(row[key])} for key in ("plain", "prioritized")
+                                          if row.get(key) is not None],
+                            workers=len(clients))
 
     async def get_rate_limit_ttl(self, max_jobs: Optional[int]) -> int:
         result = await self._run("get_rate_limit_ttl", [self.name, max_jobs or 0, rows.now_ms()])

@@ -303,6 +303,40 @@ class Lanes:
         finally:
             await self._release(lane)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def run_many(self, calls: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
+        """Several calls (a worker's batch of claims or finishes) in ONE transaction on one lane, in
+        order; per call its rows, or the exception that refused it. When one is refused, nothing of
+        the transaction is committed and each is run again on its own (as a failed `_serve` batch).
+        With every lane busy, the calls queue as batchable calls and share the lanes' batches."""
+        if self._closed:
+            raise PostgresUnavailable("the worker's PostgreSQL channel is closed")
+        lane = None if self._queue else await self._lane()
+        if lane is None:
+            return list(await asyncio.gather(*(self.run(name, params, batchable=True) for name, params in calls),
+                                             return_exceptions=True))
+        try:
+            if len(calls) > 1:
+                answers = await lane.run_batch(calls)
+                if answers is not None:
+                    self.batches += 1
+                    return list(answers)
+            results: list[Any] = []
+            for name, params in calls:
+                if lane.broken:
+                    results.append(PostgresUnavailable("the PostgreSQL session was lost"))
+                    continue
+                try:
+                    results.append(await self._run_one(lane, name, params))
+                except Exception as err:
+                    results.append(err)
+            return results
+        finally:
+            await self._release(lane)
+
     @staticmethod
     async def _run_one(lane: Lane, name: str, params: Sequence[Any]) -> list[TextRow]:
         try:

@@ -32,7 +32,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
-from bullmq_compat._backends.base import JobFields, NextJob, WorkerChannel, WorkerSettings
+from bullmq_compat._backends.base import FinishJob, JobFields, NextJob, WorkerChannel, WorkerSettings
 from bullmq_compat._backends.postgres import rows, sql
 from bullmq_compat._backends.postgres.lanes import Lanes, TextRow
 from bullmq_compat._errors import InvalidArgument, InvalidJobData, NotSupportedOnBackend, PostgresUnavailable, script_error
@@ -292,9 +292,19 @@ class PostgresWorkerChannel(WorkerChannel):
                                token: str, now: int, fetch_next: bool,
                                fields_to_update: Optional[Mapping[str, str]] = None,
                                group_id: Optional[str] = None) -> Optional[NextJob]:
+        job_id = rows.text_param(job_id, what="job_id")
+        command, params = self._finish_call(job_id, job_opts, target, value, token, now, fetch_next,
+                                            fields_to_update, group_id)
+        found = await self._run(command, params, job_id=job_id, op="moveToFinished", state="active")
+        await self._collect_metrics("completed" if target == "completed" else "failed", int(now))
+        return await self._next_job(found, now) if fetch_next else None
+
+    def _finish_call(self, job_id: str, job_opts: Mapping[str, Any], target: str, value: str, token: str,
+                     now: int, fetch_next: bool, fields_to_update: Optional[Mapping[str, str]],
+                     group_id: Optional[str]) -> tuple[str, list[Any]]:
+        """upstream's finishing command and its parameters (Node's moveToCompleted / moveToFailed)."""
         if group_id is not None:
             raise NotSupportedOnBackend("per-group FIFO (group_id)", "postgres")
-        job_id = rows.text_param(job_id, what="job_id")
         completed = target == "completed"
         own = job_opts.get("remove_on_complete" if completed else "remove_on_fail")
         if own is None:
@@ -310,10 +320,68 @@ class PostgresWorkerChannel(WorkerChannel):
                     json_text(stacktrace, "stacktrace"),
                     finished_on, *keep]
         command = ("move_to_completed" if completed else "move_to_failed") + ("_fetch" if fetch_next else "")
-        params = head + self._claim_params(now) if fetch_next else head
-        found = await self._run(command, params, job_id=job_id, op="moveToFinished", state="active")
-        await self._collect_metrics("completed" if completed else "failed", finished_on)
-        return await self._next_job(found, now) if fetch_next else None
+        return command, head + self._claim_params(now) if fetch_next else head
+
+    def _mapped(self, err: BaseException, *, job_id: Optional[str] = None, op: str = "",
+                state: str = "") -> BaseException:
+        """A failed command's error as `_run` raises it (upstream's refusal, or connection trouble)."""
+        if isinstance(err, self._psycopg_error):
+            mapped = sql.domain_error(err, job_id=job_id, command=op, state=state)
+            if mapped is not None:
+                return mapped
+            return transient(err)
+        if isinstance(err, OSError):
+            return transient(err)
+        return err
+
+    async def move_to_active_many(self, tokens: Sequence[str], now: int) -> list[NextJob]:
+        """A batch's claims: upstream's moveToActive once per token, in one transaction (one commit)."""
+        if not tokens:
+            return []
+        if self.lanes.closed:
+            raise PostgresUnavailable("the worker's PostgreSQL channel is closed")
+        tail = self._claim_params(now)
+        try:
+            answers = await self.lanes.run_many([("move_to_active", [self.queue, token, *tail]) for token in tokens])
+        except Exception as err:
+            raise self._mapped(err, op="moveToActive") from err
+        replies: list[NextJob] = []
+        for found in answers:
+            if isinstance(found, BaseException):
+                if replies:  # the claims before it stand
+                    break
+                raise self._mapped(found, op="moveToActive") from found
+            replies.append(await self._next_job(found, now))
+            if not found:
+                break
+        return replies
+
+    async def finish_many(self, jobs: Sequence[FinishJob], now: int) -> list[Optional[BaseException]]:
+        """A batch's finishes in one transaction (one commit); one by one when any is refused."""
+        results: list[Optional[BaseException]] = [None] * len(jobs)
+        calls: list[tuple[str, Sequence[Any]]] = []
+        sent: list[int] = []
+        for i, job in enumerate(jobs):
+            try:
+                job_id = rows.text_param(job.job_id, what="job_id")
+                calls.append(self._finish_call(job_id, job.job_opts, job.target, job.value, job.token, now, False,
+                                               job.fields_to_update, job.group_id))
+                sent.append(i)
+            except Exception as err:
+                results[i] = err
+        if calls:
+            if self.lanes.closed:
+                raise PostgresUnavailable("the worker's PostgreSQL channel is closed")
+            try:
+                answers = await self.lanes.run_many(calls)
+            except Exception as err:
+                raise self._mapped(err, op="moveToFinished") from err
+            for i, answer in zip(sent, answers):
+                if isinstance(answer, BaseException):
+                    results[i] = self._mapped(answer, job_id=jobs[i].job_id, op="moveToFinished", state="active")
+                else:
+                    await self._collect_metrics("completed" if jobs[i].target == "completed" else "failed", int(now))
+        return results
 
     async def _collect_metrics(self, kind: str, finished_on: int) -> None:
         """Node's collectMetrics: a statement of its own after the finish, best-effort."""

@@ -82,7 +82,8 @@ def prepare_add(keys: QueueKeys, name: str, data: Any, opts: Mapping[str, Any], 
 
         script = add_script()
         script_keys = [*gate_keys(keys), keys.id]
-        extra_args = [group["id"], order_ms if order_ms is not None else timestamp, int(time.time() * 1000)]
+        extra_args = [group["id"], order_ms if order_ms is not None else timestamp, int(time.time() * 1000),
+                      1 if order_ms is not None else 0]
     elif add_to_waiting_children:
         script = scripts["addParentJob"]
         script_keys = [keys.meta, keys.id, keys.delayed, keys.waiting_children, keys.completed, keys.events]

@@ -9,7 +9,8 @@ from typing import Any, Mapping, Optional, Sequence
 import redis.exceptions as redis_exc
 
 from bullmq_compat._backends.base import (
-    EventsReader, JobFields, NewJob, NextJob, QueueBackend, WorkerChannel, WorkerSettings,
+    EventsReader, FinishJob, JobFields, NewJob, NextJob, QueueBackend, QueueFigures, WorkerChannel,
+    WorkerSettings, metrics_total,
 )
 from bullmq_compat._backends.redis.adding import PreparedAdd, prepare_add
 from bullmq_compat._backends.redis.channel import Channel, FastChannel, blocking_client, open_channel
@@ -17,7 +18,7 @@ from bullmq_compat._backends.redis.connection import Connection, RedisHandle
 from bullmq_compat._backends.redis.fastconn import FastPathUnavailable
 from bullmq_compat._backends.redis.keys import QueueKeys
 from bullmq_compat._backends.redis.lua import Script, own_script, upstream_scripts
-from bullmq_compat._backends.redis.runner import ScriptRunner, _argv
+from bullmq_compat._backends.redis.runner import Call, ScriptRunner, _argv
 from bullmq_compat._backends.redis.worker_calls import WorkerCalls, WorkerWireOptions, parse_next_job
 from bullmq_compat._errors import BullMQCompatError, InvalidArgument, script_error
 from bullmq_compat._wire import codec
@@ -290,20 +291,27 @@ class RedisBackend(QueueBackend):
         result = codec.to_str(reply[1]) if isinstance(reply, list) and len(reply) > 1 else None
         return status, (str(result) if result is not None else None)
 
-    async def get_counts(self, states: Sequence[str], delayed_timestamp: Optional[int] = None) -> list[int]:
+    def _counts_call(self, states: Sequence[str], delayed_timestamp: Optional[int] = None) -> Call:
         cutoff: list[Any] = [] if delayed_timestamp is None else [int(delayed_timestamp)]
-        counts = await self.runner.call("getCounts", [self.keys.prefix_key],
-                                        [*cutoff, *(wire_state(t) for t in states)])
+        return self.runner.script("getCounts"), [self.keys.prefix_key], [*cutoff, *(wire_state(t) for t in states)]
+
+    async def get_counts(self, states: Sequence[str], delayed_timestamp: Optional[int] = None) -> list[int]:
+        counts = await self.runner.call(*self._counts_call(states, delayed_timestamp))
         return [int(count or 0) for count in counts]
 
-    async def get_jobs(self, states: Sequence[str], start: int, end: int, asc: bool
-                       ) -> list[tuple[str, JobFields]]:
+    def _jobs_call(self, states: Sequence[str], start: int, end: int, asc: bool) -> Call:
         wire_states: list[str] = []
         for state in states:
             if wire_state(state) not in wire_states:
                 wire_states.append(wire_state(state))
-        per_type = await self.runner.call("getJobs", [self.keys.prefix_key],
-                                          [start, end, "1" if asc else "0", 5, *wire_states])
+        return self.runner.script("getJobs"), [self.keys.prefix_key], [start, end, "1" if asc else "0", 5, *wire_states]
+
+    async def get_jobs(self, states: Sequence[str], start: int, end: int, asc: bool
+                       ) -> list[tuple[str, JobFields]]:
+        return self._jobs_from(await self.runner.call(*self._jobs_call(states, start, end, asc)))
+
+    @staticmethod
+    def _jobs_from(per_type: Any) -> list[tuple[str, JobFields]]:
         seen: set[str] = set()
         jobs: list[tuple[str, JobFields]] = []
         for entries in per_type or []:
@@ -332,10 +340,27 @@ class RedisBackend(QueueBackend):
                                         list(priorities))
         return [int(count or 0) for count in counts]
 
+    def _metrics_call(self, type: str, start: int, end: int) -> Call:
+        return (self.runner.script("getMetrics"), [self.keys[f"metrics:{type}"], self.keys[f"metrics:{type}:data"]],
+                [start, end])
+
     async def get_metrics(self, type: str, start: int, end: int) -> tuple[list[Any], list[Any], int]:
-        meta, data, count = await self.runner.call(
-            "getMetrics", [self.keys[f"metrics:{type}"], self.keys[f"metrics:{type}:data"]], [start, end])
+        meta, data, count = await self.runner.call(*self._metrics_call(type, start, end))
         return list(meta or []), list(data or []), int(count)
+
+    async def get_figures(self, states: Sequence[str]) -> QueueFigures:
+        """The scrape's reads in one pipelined round trip (counts, both metrics totals, the next
+        waiting and prioritized jobs), beside CLIENT LIST for the workers."""
+        replies, clients = await asyncio.gather(self.runner.call_many([
+            self._counts_call(states), self._metrics_call("completed", 0, 0), self._metrics_call("failed", 0, 0),
+            self._jobs_call(["waiting", "prioritized"], 0, 0, True)]), self.get_client_list())
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+        counts, completed, failed, waiting = replies
+        return QueueFigures(counts=[int(c or 0) for c in counts], completed_total=metrics_total(completed[0] or []),
+                            failed_total=metrics_total(failed[0] or []),
+                            next_waiting=[fields for _, fields in self._jobs_from(waiting)], workers=len(clients))
 
     async def get_rate_limit_ttl(self, max_jobs: Optional[int]) -> int:
         return int(await self.runner.call("getRateLimitTtl", [self.keys.limiter, self.keys.meta],
@@ -807,6 +832,65 @@ class RedisWorkerChannel(WorkerChannel):
         if isinstance(reply, int) and reply < 0:
             raise script_error(reply, job_id=job_id, command="moveToFinished", state="active")
         return parse_next_job(reply) if fetch_next else None
+
+    async def move_to_active_many(self, tokens: Sequence[str], now: int) -> list[NextJob]:
+        """A batch's claims in one call: our moveToActiveBatch, upstream's moveToActive once per token."""
+        if not tokens:
+            return []
+        reply = await self.channel.call(self.calls.move_to_active_batch(tokens, now))
+        return [parse_next_job(one) for one in reply or []]
+
+    async def take_group_jobs(self, group_id: str, tokens: Sequence[str], now: int) -> list[NextJob]:
+        """Group affinity: our takeGroupJobs, the group's next held jobs straight into active."""
+        if not tokens:
+            return []
+        reply = await self.channel.call(self.calls.take_group_jobs(group_id, tokens, now))
+        return [parse_next_job(one) for one in reply or []]
+
+    async def finish_many(self, jobs: Sequence[FinishJob], now: int) -> list[Optional[BaseException]]:
+        """A batch's finishes in one round trip: its completions in one call of our moveToFinishedBatch
+        (upstream's moveToFinished once per job), other finishes (failed for good, group jobs)
+        pipelined after it as calls of their own."""
+        if not jobs:
+            return []
+        calls = self.calls
+        plain = [i for i, j in enumerate(jobs) if j.target == "completed" and j.group_id is None]
+        others = [i for i in range(len(jobs)) if jobs[i].target != "completed" or jobs[i].group_id is not None]
+        batch: list[Any] = []
+        if plain:
+            batch.append(calls.complete_batch(
+                [(jobs[i].job_id, jobs[i].value, jobs[i].token, jobs[i].job_opts) for i in plain], now))
+        for i in others:
+            j = jobs[i]
+            batch.append(calls.move_to_finished(j.job_id, j.job_opts, j.target, j.value, j.token, now, False,
+                                                j.fields_to_update, group_id=j.group_id))
+        replies = await self.channel.call_many(batch, raise_errors=False) if len(batch) > 1 else [
+            await self._call_quietly(batch[0])]
+        for reply in replies:  # the connection went: the worker sends the batch's finishes again
+            if isinstance(reply, BaseException) and self.backend.is_transient(reply):
+                raise reply
+        per_job: list[Any] = [None] * len(jobs)
+        if plain:
+            completed = replies[0]
+            for n, i in enumerate(plain):
+                per_job[i] = completed if isinstance(completed, BaseException) else completed[n]
+        for i, reply in zip(others, replies[1 if plain else 0:]):
+            per_job[i] = reply
+        results: list[Optional[BaseException]] = []
+        for job, reply in zip(jobs, per_job):
+            if isinstance(reply, BaseException):
+                results.append(reply)
+            elif isinstance(reply, int) and reply < 0:
+                results.append(script_error(reply, job_id=job.job_id, command="moveToFinished", state="active"))
+            else:
+                results.append(None)
+        return results
+
+    async def _call_quietly(self, call: Any) -> Any:
+        try:
+            return await self.channel.call(call)
+        except Exception as err:
+            return err
 
     async def move_to_delayed(self, job_id: str, now: int, delay: int, token: str, *,
                               skip_attempt: bool = False, fields_to_update: Optional[Mapping[str, str]] = None,

@@ -76,8 +76,9 @@ class Channel:
     async def call(self, call: Call) -> Any:
         raise NotImplementedError
 
-    async def call_many(self, calls: list[Call]) -> list[Any]:
-        """Several calls executed by Redis in this order (one write on the fast path)."""
+    async def call_many(self, calls: list[Call], raise_errors: bool = True) -> list[Any]:
+        """Several calls executed by Redis in this order (one write on the fast path); with
+        ``raise_errors=False`` each failed call's exception is returned in its place."""
         raise NotImplementedError
 
     async def wait_marker(self, marker_key: str, timeout: float) -> Optional[tuple[str, float]]:
@@ -105,6 +106,14 @@ class FastChannel(Channel):
     async def open(cls, client: Any, blocking_name: Optional[str]) -> "FastChannel":
         channel = cls(client, blocking_name)
         channel._conn = await FastConnection.from_redis_py(client, decode=True)  # raises FastPathUnavailable
+        if blocking_name:
+            # the named connection opens with the worker, as Node's does: CLIENT LIST (getWorkers,
+            # Bull-Board) shows a worker busy from its first job, before it ever waits for one
+            try:
+                channel._blocking = await FastConnection.from_redis_py(client, blocking_name, decode=True)
+            except BaseException:
+                await channel._conn.close()
+                raise
         return channel
 
     async def _connection(self) -> FastConnection:
@@ -216,11 +225,13 @@ class RedisPyChannel(Channel):
         script, keys, args = call
         return await self._runner.call(script, keys, args)
 
-    async def call_many(self, calls: list[Call]) -> list[Any]:
+    async def call_many(self, calls: list[Call], raise_errors: bool = True) -> list[Any]:
+        """With ``raise_errors=False`` each failed call's exception is returned in its place."""
         results = await self._runner.call_many(calls)
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
+        if raise_errors:
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
         return results
 
     def _blocking_client(self) -> Any:
@@ -241,6 +252,9 @@ class RedisPyChannel(Channel):
     async def close(self) -> None:
         if self._blocking is not None and self._blocking is not self._client:
             await self._blocking.aclose()
+            pool = getattr(self._blocking, "connection_pool", None)
+            if pool is not None:  # a pool of ours (blocking_client), which aclose leaves connected
+                await pool.disconnect()
 
 
 async def open_channel(client: Any, blocking_name: Optional[str], *, fast: bool = True) -> Channel:
@@ -250,4 +264,7 @@ async def open_channel(client: Any, blocking_name: Optional[str], *, fast: bool 
             return await FastChannel.open(client, blocking_name)
         except FastPathUnavailable:
             pass
-    return RedisPyChannel(client, blocking_name)
+    channel = RedisPyChannel(client, blocking_name)
+    if blocking_name:  # named from the start, as on the fast path
+        await channel._blocking_client().ping()
+    return channel

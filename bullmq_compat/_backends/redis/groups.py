@@ -168,6 +168,19 @@ class GroupKeeper:
                 for job_id in members:
                     self.learn(codec.to_str(job_id), gid)
 
+    async def learn_delayed(self, job_ids: Sequence[str]) -> None:
+        """Learn the groups of jobs just gone to the delayed set (upstream's 'delayed' event has no
+        "gid": a gate releases a job with a delay, or one waiting out its ordering window, there),
+        from their hashes while these exist; upstream promotes them with no event of ours."""
+        queue = self._queue
+        base = queue.keys.prefix_key
+        pipe = queue.client.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hget(base + job_id, "gid")
+        for job_id, gid in zip(job_ids, await pipe.execute()):
+            if gid:
+                self.learn(job_id, codec.to_str(gid))
+
     async def release(self, job_ids: Sequence[str]) -> int:
         """Free the group slots of these finished jobs and release their groups' next jobs."""
         queue = self._queue
@@ -246,6 +259,7 @@ class GroupKeeper:
                 await asyncio.sleep(1.0)
                 continue
             finished: list[str] = []
+            delayed: list[str] = []
             for _stream, entries in reply or []:
                 for entry_id, fields in entries:
                     last_id = codec.to_str(entry_id)
@@ -258,6 +272,10 @@ class GroupKeeper:
                         finished.append(job_id)
                     elif event == "waiting" and fields.get("gid"):  # released by a gate (ours)
                         self.learn(job_id, fields["gid"])
+                    elif event == "delayed" and job_id not in self._gids:
+                        delayed.append(job_id)
+            if delayed:
+                await self.learn_delayed(delayed)
             if finished:
                 await self.release(finished)
 
@@ -312,6 +330,11 @@ class RedisGroups:
         b = self.backend
         own, default = await b.client.hmget(b.keys.prefix_key + "grp:conc", gid, "*")
         return int(own or default or 1)
+
+    async def get_ordering_delay(self, gid: str) -> int:
+        b = self.backend
+        own, default = await b.client.hmget(b.keys.prefix_key + "grp:odelay", gid, "*")
+        return int(own if own is not None else default or 0)
 
     async def is_paused(self, gid: str) -> bool:
         b = self.backend

@@ -60,6 +60,11 @@ class WorkerCalls:
         self._move_to_active = s["moveToActive"]
         self._move_to_finished = s["moveToFinished"]
         self._move_to_finished_group = own_script("moveToFinishedGroup-15.lua")
+        self._move_to_active_batch = own_script("moveToActiveBatch-11.lua")
+        self._complete_batch = own_script("moveToFinishedBatch-14.lua")
+        self._take_group_jobs = own_script("takeGroupJobs-12.lua")
+        self._batch_fetch_opts = codec.pack({"lockDuration": opts.lock_duration, "limiter": opts.limiter,
+                                             "name": opts.name})
         self._move_to_delayed = s["moveToDelayed"]
         self._retry_job = s["retryJob"]
         self._extend_locks = s["extendLocks"]
@@ -90,17 +95,7 @@ class WorkerCalls:
         moveToFinished unchanged, then its group's next job released, in the same call."""
         completed = target == "completed"
         tail_set, metrics, marker = self._completed_tail if completed else self._failed_tail
-        worker_keep = self.opts.remove_on_complete if completed else self.opts.remove_on_fail
-        job_keep = job_opts.get("remove_on_complete" if completed else "remove_on_fail")
-        packed = codec.pack({
-            "token": token, "name": self.opts.name, "keepJobs": keep_jobs(job_keep, worker_keep),
-            "limiter": self.opts.limiter, "lockDuration": self.opts.lock_duration,
-            "attempts": attempts_of(job_opts), "maxMetricsSize": self.opts.max_metrics_size,
-            "fpof": bool(job_opts.get("fail_parent_on_failure")),
-            "cpof": bool(job_opts.get("continue_parent_on_failure")),
-            "idof": bool(job_opts.get("ignore_dependency_on_failure")),
-            "rdof": bool(job_opts.get("remove_dependency_on_failure")),
-        })
+        packed = self.finish_opts(job_opts, completed, token)
         keys = [*self._finished_head, tail_set, self.keys.job(job_id), metrics, marker]
         args = [job_id, now, "returnvalue" if completed else "failedReason", value, target,
                 1 if fetch_next else 0, self.keys.prefix_key, packed,
@@ -110,6 +105,52 @@ class WorkerCalls:
         keys.append(self.keys.waiting_children)
         args.append(group_id)
         return self._move_to_finished_group, keys, args
+
+    def finish_opts(self, job_opts: Mapping[str, Any], completed: bool, token: Optional[str]) -> bytes:
+        """moveToFinished's packed opts (its ARGV[8]) for one job, as Node's worker packs them
+        (without ``token`` when it is None: moveToFinishedBatch adds each job's)."""
+        worker_keep = self.opts.remove_on_complete if completed else self.opts.remove_on_fail
+        job_keep = job_opts.get("remove_on_complete" if completed else "remove_on_fail")
+        return codec.pack({
+            **({} if token is None else {"token": token}),
+            "name": self.opts.name, "keepJobs": keep_jobs(job_keep, worker_keep),
+            "limiter": self.opts.limiter, "lockDuration": self.opts.lock_duration,
+            "attempts": attempts_of(job_opts), "maxMetricsSize": self.opts.max_metrics_size,
+            "fpof": bool(job_opts.get("fail_parent_on_failure")),
+            "cpof": bool(job_opts.get("continue_parent_on_failure")),
+            "idof": bool(job_opts.get("ignore_dependency_on_failure")),
+            "rdof": bool(job_opts.get("remove_dependency_on_failure")),
+        })
+
+    def move_to_active_batch(self, tokens: Sequence[str], now: int) -> Call:
+        """Our moveToActiveBatch: upstream's moveToActive once per token, in one call (a batch worker's)."""
+        return self._move_to_active_batch, self._active_keys, [
+            self.keys.prefix_key, now, self._batch_fetch_opts, *tokens]
+
+    def take_group_jobs(self, group_id: str, tokens: Sequence[str], now: int) -> Call:
+        """Our takeGroupJobs: the group's next held jobs straight into active (group affinity)."""
+        return self._take_group_jobs, [*self._active_keys, self.keys.waiting_children], [
+            self.keys.prefix_key, now, self._batch_fetch_opts, group_id, *tokens]
+
+    def complete_batch(self, jobs: Sequence[tuple[str, str, str, Mapping[str, Any]]], now: int) -> Call:
+        """Our moveToFinishedBatch: upstream's moveToFinished ("completed", no next job) once per
+        ``(job id, return value JSON, lock token, Job.opts)``, in one call. The packed opts are sent
+        once per distinct kind (the jobs of a batch mostly share one), each job naming its own."""
+        keys = [*self._finished_head, *self._completed_tail[:1], self.keys.prefix_key, *self._completed_tail[1:]]
+        kinds: dict[tuple[Any, ...], int] = {}
+        blobs: list[bytes] = []
+        per_job: list[Any] = []
+        for job_id, value, token, job_opts in jobs:
+            kind = (repr(job_opts.get("remove_on_complete")), attempts_of(job_opts),
+                    bool(job_opts.get("fail_parent_on_failure")), bool(job_opts.get("continue_parent_on_failure")),
+                    bool(job_opts.get("ignore_dependency_on_failure")),
+                    bool(job_opts.get("remove_dependency_on_failure")))
+            index = kinds.get(kind)
+            if index is None:
+                blobs.append(self.finish_opts(job_opts, True, None))
+                index = kinds[kind] = len(blobs)
+            per_job += (job_id, value, token, index)
+        return self._complete_batch, keys, [now, self.keys.prefix_key, len(blobs), *blobs, *per_job]
 
     def move_to_delayed(self, job_id: str, now: int, delay: int, token: str, *, skip_attempt: bool = False,
                         fields_to_update: Optional[Mapping[str, Any]] = None, fetch_next: bool = False) -> Call:

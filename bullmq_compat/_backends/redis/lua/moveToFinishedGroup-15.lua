@@ -1,7 +1,8 @@
 --[[
   Finish a group job exactly as upstream's moveToFinished does (it runs here unchanged), then,
-  if it finished, free its group slot and release the group's next held job: one call where a
-  plain job takes one, instead of a second script call per job.
+  if it finished, free its group slot (creating the job a keepLastIfActive add kept behind it) and
+  release the group's next held job: one call where a plain job takes one, instead of a second
+  script call per job.
 
   A job that did not finish (the upstream script returned an error code: lock lost, not active,
   pending children) keeps its slot. Retries, backoffs and stalls never come here.
@@ -28,8 +29,10 @@ if type(result) == "table" or result >= 0 then
   if rcall("SREM", prefix .. "grp:run:" .. gid, jobId) == 1 then
     local q = { wait = KEYS[1], active = KEYS[2], prioritized = KEYS[3], events = KEYS[4],
       delayed = KEYS[7], meta = KEYS[9], pc = KEYS[10], marker = KEYS[14], waitingChildren = KEYS[15] }
+    local now = tonumber(ARGV[2])
+    createJobKeptBehind(prefix, jobId, q, now, nil, gid) -- (keepLastIfActive: see groupGate)
     -- a fetched next job (upstream returns its id second) has set the queue's marker in this call
-    releaseHeldGroupJobs(prefix, gid, q, tonumber(ARGV[2]), nil, true, type(result) == "table" and result[2] ~= 0)
+    releaseHeldGroupJobs(prefix, gid, q, now, nil, true, type(result) == "table" and result[2] ~= 0)
   end
 end
 return result

@@ -15,6 +15,8 @@
             "pause"       ARGV[3] gid
             "resume"      ARGV[3] gid
             "concurrency" ARGV[3] gid ("*" for the queue default), ARGV[4] k
+            "odelay"      ARGV[3] gid ("*" for the queue default), ARGV[4] the ordering delay in
+                          ms, or "" to remove the setting (of the group: the queue's applies)
             "delete"      ARGV[3] gid: remove the group's held jobs; returns how many
             "retry"       ARGV[3] jobId, ARGV[4] "<failed|completed>:<reset atm 0|1><reset ats 0|1>":
                           put a finished group job back behind its gate (see regateFinishedJob)
@@ -40,7 +42,7 @@ local function freeFinished(gid, hasSettings)
   local running = rcall("SMEMBERS", prefix .. "grp:run:" .. gid)
   local freed = false
   for _, jobId in ipairs(running) do
-    freed = freeGroupSlot(prefix, gid, jobId, q, true) or freed
+    freed = freeGroupSlot(prefix, gid, jobId, q, true, now, maxEvents) or freed
   end
   return freed or #running == 0 or hasSettings
 end
@@ -48,12 +50,12 @@ end
 if op == "release" then
   local jobId = ARGV[3]
   local gid = ARGV[4]
-  if freeGroupSlot(prefix, gid, jobId, q) then
+  if freeGroupSlot(prefix, gid, jobId, q, false, now, maxEvents) then
     return releaseHeldGroupJobs(prefix, gid, q, now, maxEvents)
   end
   return 0
 elseif op == "sweep" then
-  if ARGV[3] == "0" and rcall("EXISTS", prefix .. "grp:conc", prefix .. "grp:paused") > 0 then
+  if ARGV[3] == "0" and rcall("EXISTS", prefix .. "grp:conc", prefix .. "grp:paused", prefix .. "grp:odelay") > 0 then
     flagGroupSettings(q) -- settings written before the flag was
   end
   local page = rcall("SSCAN", prefix .. "grp:index", ARGV[3], "COUNT", tonumber(ARGV[4]))
@@ -79,6 +81,14 @@ elseif op == "concurrency" then
     return 0
   end
   return releaseHeldGroupJobs(prefix, ARGV[3], q, now, maxEvents)
+elseif op == "odelay" then
+  flagGroupSettings(q)
+  if ARGV[4] == "" then
+    rcall("HDEL", prefix .. "grp:odelay", ARGV[3])
+  else
+    rcall("HSET", prefix .. "grp:odelay", ARGV[3], ARGV[4])
+  end
+  return 0
 elseif op == "delete" then
   local gid = ARGV[3]
   local heldKey = prefix .. "grp:held:" .. gid

@@ -7,14 +7,21 @@
     <prefix>grp:run:<gid>    set of the group's released jobs (at most its concurrency)
     <prefix>grp:index        set of groups with held or released jobs (swept periodically)
     <prefix>grp:conc         hash gid -> concurrency ("*" = the queue's default; else 1)
+    <prefix>grp:odelay       hash gid -> ordering delay in ms ("*" = the queue's default; else 0)
     <prefix>grp:paused       set of paused groups
     <prefix>grp:seq          add-sequence counter
     <prefix>grp:sweep        the keepers' sweep lease (written by GroupKeeper, PX the sweep interval)
 
   A group job's hash also has "gid", "gseq" (its 15-digit add sequence), so an entry left
   behind by a removed job is never taken for a later job that reuses its custom id, and "gord"
-  (its order score, when order_ms gave one other than its timestamp), so a retried job goes back
-  to its place in the group.
+  (its order_ms, when the producer gave one), so a retried job goes back to its place in the group
+  and the ordering delay applies to it (a job without "gord" is due at once).
+
+  Ordering delay (grp:odelay): a held job with an order_ms is due once order_ms + the group's
+  ordering delay has passed. A group's head released before it is due goes to upstream's delayed
+  set, due then (upstream promotes it; Bull-Board shows it delayed); it holds its slot there, but
+  a job with an earlier order score added meanwhile takes it back behind the gate (it never
+  started) and goes first. Once promoted it is the group's current job like any other.
 
   A held job's score in upstream's waiting-children set is its add sequence (plus 0.5 when it has
   a delay, a priority or lifo): unique to it, so that releasing it takes it out of
@@ -26,6 +33,7 @@
 --- @include "<upstream>/includes/addJobInTargetList"
 --- @include "<upstream>/includes/addJobWithPriority"
 --- @include "<upstream>/includes/getOrSetMaxEvents"
+--- @include "<upstream>/includes/storeJob"
 
 local GROUP_SEQ_DIGITS = 15
 
@@ -51,15 +59,25 @@ local function queueReleaseState(q, markerSet)
   return pausedOrMaxed, meta[3] ~= false
 end
 
--- A group's concurrency and whether it is paused. A queue none of whose groups has a setting (the
--- usual case) reads nothing more; none of its groups ever had more than one slot then (grp:conc
--- loses no field but by obliterate).
+-- A group's ordering delay (ms): its own setting, else the queue's ("*"), else 0.
+local function groupOrderingDelay(prefix, gid, hasSettings)
+  if not hasSettings then
+    return 0
+  end
+  local delays = rcall("HMGET", prefix .. "grp:odelay", gid, "*")
+  return tonumber(delays[1]) or tonumber(delays[2]) or 0
+end
+
+-- A group's concurrency, whether it is paused, and its ordering delay (ms). A queue none of whose
+-- groups has a setting (the usual case) reads nothing more; none of its groups ever had more than
+-- one slot or an ordering delay then (grp:conc and grp:odelay lose no field but by obliterate).
 local function groupSettings(prefix, gid, hasSettings)
   if not hasSettings then
-    return 1, false
+    return 1, false, 0
   end
   local conc = rcall("HMGET", prefix .. "grp:conc", gid, "*")
-  return tonumber(conc[1]) or tonumber(conc[2]) or 1, rcall("SISMEMBER", prefix .. "grp:paused", gid) == 1
+  return tonumber(conc[1]) or tonumber(conc[2]) or 1, rcall("SISMEMBER", prefix .. "grp:paused", gid) == 1,
+    groupOrderingDelay(prefix, gid, true)
 end
 
 -- Note that a group of the queue has a setting (see GROUP_SETTINGS_FLAG).
@@ -68,9 +86,22 @@ local function flagGroupSettings(q)
 end
 
 -- The job hash fields the gate reads of a held job, in one HMGET: {gid, gseq, timestamp, delay,
--- priority, opts}.
+-- priority, opts, gord, gdue}. "gdue": when a deduplicated add with reschedule re-timed the held job
+-- (ms; else it is due at timestamp + delay).
 local function heldJobFields(prefix, jobId)
-  return rcall("HMGET", prefix .. jobId, "gid", "gseq", "timestamp", "delay", "priority", "opts")
+  return rcall("HMGET", prefix .. jobId, "gid", "gseq", "timestamp", "delay", "priority", "opts", "gord", "gdue")
+end
+
+-- When a held job is due by its own delay (ms; 0: at once), fields as heldJobFields reads them.
+local function heldJobDue(fields, now)
+  if fields[8] then
+    return tonumber(fields[8]) or 0
+  end
+  local delay = tonumber(fields[4]) or 0
+  if delay > 0 then
+    return (tonumber(fields[3]) or now) + delay
+  end
+  return 0
 end
 
 -- Is the held-zset member `member` of group `gid` still the job its id names (fields as read by
@@ -120,18 +151,24 @@ end
 
 -- Enqueue a job that was held: exactly as upstream adds it (delayed, prioritized or waiting).
 -- fields: as takeHeldJob returns them (true: a job with no delay, priority or lifo);
--- pausedOrMaxed: as queueReleaseState tells.
-local function enqueueReleasedJob(jobId, gid, fields, q, now, maxEvents, pausedOrMaxed)
+-- pausedOrMaxed: as queueReleaseState tells; orderDue: when the ordering delay makes it due (ms),
+-- nil when it is due at once (then it is delayed only by its own delay, as upstream delays it).
+local function enqueueReleasedJob(prefix, jobId, gid, fields, q, now, maxEvents, pausedOrMaxed, orderDue)
+  local due = orderDue or 0
+  if fields ~= true then
+    due = math.max(due, heldJobDue(fields, now))
+    if fields[8] then
+      rcall("HDEL", prefix .. jobId, "gdue") -- applied: a later retry or regate goes by its delay
+    end
+  end
+  if due > now then
+    addDelayedJob(jobId, q.delayed, q.events, now, maxEvents or getOrSetMaxEvents(q.meta), q.marker, due - now)
+    return
+  end
   if fields == true then
     addJobInTargetList(q.wait, q.marker, "LPUSH", pausedOrMaxed, jobId)
   else
-    local timestamp = tonumber(fields[3]) or now
-    local delay = tonumber(fields[4]) or 0
     local priority = tonumber(fields[5]) or 0
-    if delay > 0 and timestamp + delay > now then
-      addDelayedJob(jobId, q.delayed, q.events, timestamp, maxEvents or getOrSetMaxEvents(q.meta), q.marker, delay)
-      return
-    end
     if priority > 0 then
       addJobWithPriority(q.marker, q.prioritized, priority, jobId, q.pc, pausedOrMaxed)
     else
@@ -158,7 +195,7 @@ local function releaseHeldGroupJobs(prefix, gid, q, now, maxEvents, slotFreed, m
   local runKey = prefix .. "grp:run:" .. gid
   local released = 0
   local pausedOrMaxed, hasSettings = queueReleaseState(q, markerSet)
-  local limit, paused = groupSettings(prefix, gid, hasSettings)
+  local limit, paused, orderingDelay = groupSettings(prefix, gid, hasSettings)
   local running = 0 -- one slot at most, ever, and it was just freed
   if hasSettings or not slotFreed then
     running = rcall("SCARD", runKey)
@@ -166,7 +203,8 @@ local function releaseHeldGroupJobs(prefix, gid, q, now, maxEvents, slotFreed, m
   local mayHold = true -- false once the held set is seen empty
   if not paused then
     while running < limit do
-      local first = rcall("ZPOPMIN", heldKey)[1]
+      local popped = rcall("ZPOPMIN", heldKey)
+      local first = popped[1]
       if not first then
         mayHold = false
         break
@@ -175,7 +213,20 @@ local function releaseHeldGroupJobs(prefix, gid, q, now, maxEvents, slotFreed, m
       -- a held job removed meanwhile (Bull-Board, Node job.remove()) has left waiting-children
       local fields = takeHeldJob(prefix, gid, first, q)
       if fields then
-        enqueueReleasedJob(jobId, gid, fields, q, now, maxEvents, pausedOrMaxed)
+        local orderDue = nil
+        if orderingDelay > 0 and tonumber(popped[2]) + orderingDelay > now then
+          -- due later only if its order is a producer's order_ms ("gord"), not its add time
+          local gord
+          if fields == true then
+            gord = rcall("HGET", prefix .. jobId, "gord")
+          else
+            gord = fields[7]
+          end
+          if gord then
+            orderDue = tonumber(popped[2]) + orderingDelay
+          end
+        end
+        enqueueReleasedJob(prefix, jobId, gid, fields, q, now, maxEvents, pausedOrMaxed, orderDue)
         running = running + rcall("SADD", runKey, jobId)
         released = released + 1
       end
@@ -186,6 +237,106 @@ local function releaseHeldGroupJobs(prefix, gid, q, now, maxEvents, slotFreed, m
     rcall("SREM", prefix .. "grp:index", gid)
   end
   return released
+end
+
+-- Take back behind the gate the group's released jobs that wait in upstream's delayed set without
+-- having started, and come after `order` (the order score of a job just held): with an ordering
+-- delay the head waits out its window there, and a late job with an earlier order goes first.
+-- (Only jobs in the delayed set: one in wait may be fetched at any moment, and a job that started
+-- once, say backing off from a retry, stays the group's current job.) Returns how many.
+local function reclaimUnstartedGroupJobs(prefix, gid, order, q, maxEvents)
+  local runKey = prefix .. "grp:run:" .. gid
+  local reclaimed = 0
+  for _, jobId in ipairs(rcall("SMEMBERS", runKey)) do
+    if rcall("ZSCORE", q.delayed, jobId) then
+      local f = rcall("HMGET", prefix .. jobId, "gid", "gseq", "timestamp", "gord", "processedOn", "delay",
+        "priority", "opts")
+      local jobOrder = tonumber(f[4]) or tonumber(f[3])
+      if f[1] == gid and f[2] and not f[5] and jobOrder and jobOrder > order then
+        rcall("ZREM", q.delayed, jobId)
+        rcall("SREM", runKey, jobId)
+        rcall("ZADD", prefix .. "grp:held:" .. gid, jobOrder, f[2] .. jobId)
+        rcall("ZADD", q.waitingChildren, heldScore(f[2], f[6], f[7], isLifo(f[8])), jobId)
+        rcall("XADD", q.events, "MAXLEN", "~", maxEvents, "*", "event", "waiting-children", "jobId", jobId,
+          "prev", "delayed")
+        reclaimed = reclaimed + 1
+      end
+    end
+  end
+  return reclaimed
+end
+
+-- After holding a job of order score `order` in group `gid`: with an ordering delay, take back the
+-- group's later jobs still waiting out their window (reclaimUnstartedGroupJobs).
+local function reclaimForOrder(prefix, gid, order, q, maxEvents)
+  local _, hasSettings = queueReleaseState(q)
+  if groupOrderingDelay(prefix, gid, hasSettings) > 0 then
+    reclaimUnstartedGroupJobs(prefix, gid, order, q, maxEvents)
+  end
+end
+
+-- Hold a just-stored job of group `gid` behind its gate (add sequence `seq`, order score `order`;
+-- `ordered`: the order is a producer's order_ms): the caller releases the group after.
+local function holdNewGroupJob(prefix, gid, jobId, seq, order, ordered, opts, q, maxEvents)
+  local jobKey = prefix .. jobId
+  if ordered then
+    rcall("HSET", jobKey, "gid", gid, "gseq", seq, "gord", order)
+  else
+    rcall("HSET", jobKey, "gid", gid, "gseq", seq) -- ordered by its timestamp: no "gord" to read
+  end
+  rcall("ZADD", prefix .. "grp:held:" .. gid, order, seq .. jobId)
+  rcall("SADD", prefix .. "grp:index", gid)
+  rcall("ZADD", q.waitingChildren, heldScore(seq, opts["delay"], opts["priority"], opts["lifo"]), jobId)
+  if ordered then -- (a job ordered by its add time comes after the released ones, unless their order_ms lies ahead)
+    reclaimForOrder(prefix, gid, order, q, maxEvents)
+  end
+end
+
+--[[
+  keepLastIfActive on group jobs (docs/groups.md, "Deduplication"). A deduplicated group add while
+  the deduplication id's job is active keeps the latest add, as upstream does, but not in upstream's
+  "dn:<id>" hash (upstream's finish, a Node worker's too, would add it straight to wait, past the
+  gate): in our own
+    <prefix>grp:dn:<dedup id>   hash: name, data, opts, jid (its job id), gid, seq (add sequence),
+                                order, ordered ("1": order is an order_ms), rjk, after (the active
+                                job's id)
+    <prefix>grp:dna:<job id>    the dedup id kept behind that active (group) job
+  Once that job has finished and its slot is freed (or a later add finds it finished first), the
+  kept job is created, as upstream creates it (the id counter taken once more, the deduplication
+  key set to it without a ttl), and held behind its group's gate in the place of its add.
+]]
+local function createKeptGroupJob(prefix, deid, after, q, now, maxEvents, releasedGid)
+  local dnKey = prefix .. "grp:dn:" .. deid
+  local p = rcall("HMGET", dnKey, "after", "name", "data", "opts", "jid", "gid", "seq", "order", "ordered", "rjk")
+  rcall("DEL", prefix .. "grp:dna:" .. after)
+  if p[1] ~= after then
+    return nil -- kept behind a later job by now, or created already
+  end
+  rcall("DEL", dnKey)
+  rcall("INCR", prefix .. "id") -- as upstream: the counter stays monotonic
+  local jobId = p[5]
+  if rcall("EXISTS", prefix .. jobId) == 1 then
+    return nil -- its custom id was taken meanwhile
+  end
+  local me = maxEvents or getOrSetMaxEvents(q.meta)
+  local opts = cjson.decode(p[4])
+  rcall("SET", prefix .. "de:" .. deid, jobId)
+  storeJob(q.events, prefix .. jobId, jobId, p[2], p[3], opts, now, nil, nil, p[10] or nil)
+  local gid = p[6]
+  holdNewGroupJob(prefix, gid, jobId, p[7], tonumber(p[8]), p[9] == "1", opts, q, me)
+  rcall("XADD", q.events, "MAXLEN", "~", me, "*", "event", "waiting-children", "jobId", jobId)
+  if gid ~= releasedGid then -- (the caller releases its own group)
+    releaseHeldGroupJobs(prefix, gid, q, now, maxEvents)
+  end
+  return jobId
+end
+
+-- A slot of `jobId` was just freed: create the job kept behind it, if any (createKeptGroupJob).
+local function createJobKeptBehind(prefix, jobId, q, now, maxEvents, releasedGid)
+  local deid = rcall("GET", prefix .. "grp:dna:" .. jobId)
+  if deid then
+    createKeptGroupJob(prefix, deid, jobId, q, now, maxEvents, releasedGid)
+  end
 end
 
 -- Put a finished group job (in the failed or completed set `stateKey`) back behind its group's
@@ -214,8 +365,10 @@ local function regateFinishedJob(prefix, jobId, stateKey, prevState, resetAtm, r
   -- its slot is free by now (finished); a slot nobody released yet must not hold the job up
   rcall("SREM", prefix .. "grp:run:" .. gid, jobId)
   local timestamp = tonumber(fields[3]) or now
-  rcall("ZADD", prefix .. "grp:held:" .. gid, tonumber(fields[4]) or timestamp, fields[2] .. jobId)
+  local order = tonumber(fields[4]) or timestamp
+  rcall("ZADD", prefix .. "grp:held:" .. gid, order, fields[2] .. jobId)
   rcall("SADD", prefix .. "grp:index", gid)
+  reclaimForOrder(prefix, gid, order, q, maxEvents)
   rcall("ZADD", q.waitingChildren, heldScore(fields[2], fields[5], fields[6], isLifo(fields[7])), jobId)
   rcall("XADD", q.events, "MAXLEN", "~", maxEvents, "*", "event", "waiting-children", "jobId", jobId,
     "prev", prevState)
@@ -223,9 +376,10 @@ local function regateFinishedJob(prefix, jobId, stateKey, prevState, resetAtm, r
   return 1
 end
 
--- Free a released job's slot once it has left the running states; true when freed.
+-- Free a released job's slot once it has left the running states; true when freed (and the job a
+-- keepLastIfActive add kept behind it created: the caller releases the group).
 -- isMember: the caller read jobId from the group's running set.
-local function freeGroupSlot(prefix, gid, jobId, q, isMember)
+local function freeGroupSlot(prefix, gid, jobId, q, isMember, now, maxEvents)
   local runKey = prefix .. "grp:run:" .. gid
   if not isMember and rcall("SISMEMBER", runKey, jobId) == 0 then
     return false
@@ -237,6 +391,7 @@ local function freeGroupSlot(prefix, gid, jobId, q, isMember)
     return false -- retrying, backing off or stalled: still the group's current job
   end
   rcall("SREM", runKey, jobId)
+  createJobKeptBehind(prefix, jobId, q, now, maxEvents, gid)
   return true
 end
 
