@@ -47,13 +47,18 @@ prometheus:
 		update-rc.d prometheus disable >/dev/null 2>&1 || true; \
 		service prometheus stop >/dev/null 2>&1 || true; }
 
+# the suite runs in TEST_WORKERS pytest-xdist processes (most tests wait on I/O, sleeps and subprocesses,
+# so more workers than cores pay); TEST_WORKERS=0 runs it in this process. See tests/README.md.
+TEST_WORKERS ?= 4
 test: setup
 	$(VPY) -m mypy bullmq_compat
-	$(VPY) -m pytest -q $(PYTEST_ARGS)
+	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
-# the reliability suite at full size: 20,000-job crash soak, Redis restarts and faults, leaks
+# the reliability suite at full size: 20,000-job crash soak, Redis restarts and faults, leaks, 100,000 held jobs
 chaos: setup
-	BULLMQ_COMPAT_CHAOS=1 $(VPY) -m pytest -q tests/test_chaos.py tests/test_redis_faults.py tests/test_leaks.py
+	BULLMQ_COMPAT_CHAOS=1 $(VPY) -m pytest -q tests/test_chaos.py tests/test_redis_faults.py tests/test_leaks.py \
+		tests/test_groups.py::test_a_group_with_many_held_jobs_does_not_delay_a_one_job_group \
+		tests/test_interop_groups.py::test_node_workers_start_a_one_job_group_at_once_beside_a_huge_group
 
 demo: setup
 	$(VPY) scripts/demo.py

@@ -224,9 +224,7 @@ const ops = {
   },
 };
 
-async function main() {
-  const [op, raw] = process.argv.slice(2);
-  const args = raw ? JSON.parse(raw) : {};
+async function runOp(op, args) {
   if (op === 'migrate') {
     if (!args.postgres) throw new TypeError('"migrate" needs "postgres"');
     return migrate(args);
@@ -247,12 +245,61 @@ async function main() {
 
 // U+0085, U+2028 and U+2029 go out as \uXXXX escapes (the same JSON): JSON.stringify leaves them
 // raw, and Python's str.splitlines() (tests/node.py) would cut the result line at them
-function emit(line, code) {
-  const safe = line.replace(/[\u0085\u2028\u2029]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
-  process.stdout.write(safe + '\n', () => process.exit(code));
+function escapeLine(line) {
+  return line.replace(/[\u0085\u2028\u2029]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
 }
 
-main().then(
-  (result) => emit(JSON.stringify(result === undefined ? null : result), 0),
-  (err) => emit(JSON.stringify({ error: String(err && err.message !== undefined ? err.message : err), name: err && err.name }), 1),
-);
+function emit(line, code) {
+  process.stdout.write(escapeLine(line) + '\n', () => process.exit(code));
+}
+
+function errorJSON(err) {
+  return { error: String(err && err.message !== undefined ? err.message : err), name: err && err.name };
+}
+
+// `cli.js serve`: the same ops, many in one process (tests/node.py keeps one per test process: a
+// Node start-up per command is most of what the interop tests cost). One JSON request a line on
+// stdin, {"id", "op", "args"}; one reply a line on stdout, {"id", "result"} or {"id", "error",
+// "name"}, in the order they finish (requests run at once). Ends when stdin closes.
+function serve() {
+  const lines = require('readline').createInterface({ input: process.stdin, crlfDelay: Infinity });
+  const reply = (obj) => process.stdout.write(escapeLine(JSON.stringify(obj)) + '\n');
+  // what would end a one-command process (an 'error' event nobody listens to...) ends only its command
+  process.on('uncaughtException', (err) => process.stderr.write(`uncaught: ${err && err.stack || err}\n`));
+  process.on('unhandledRejection', (err) => process.stderr.write(`unhandled: ${err && err.stack || err}\n`));
+  let running = 0;
+  let closed = false;
+  const done = () => {
+    running -= 1;
+    if (closed && running === 0) process.exit(0);
+  };
+  lines.on('line', (line) => {
+    let req;
+    try {
+      req = JSON.parse(line);
+    } catch (err) {
+      process.stderr.write(`not a request: ${line.slice(0, 200)}\n`);
+      return;
+    }
+    running += 1;
+    Promise.resolve()
+      .then(() => runOp(req.op, req.args || {}))
+      .then((result) => reply({ id: req.id, result: result === undefined ? null : result }),
+        (err) => reply({ id: req.id, ...errorJSON(err) }))
+      .finally(done);
+  });
+  lines.on('close', () => {
+    closed = true;
+    if (running === 0) process.exit(0);
+  });
+}
+
+if (process.argv[2] === 'serve') {
+  serve();
+} else {
+  const [op, raw] = process.argv.slice(2);
+  Promise.resolve()
+    .then(() => runOp(op, raw ? JSON.parse(raw) : {}))
+    .then((result) => emit(JSON.stringify(result === undefined ? null : result), 0),
+      (err) => emit(JSON.stringify(errorJSON(err)), 1));
+}

@@ -10,19 +10,16 @@ import glob
 import os
 import shlex
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from typing import Iterator, Optional, Sequence
 
+from tests._ports import free_port
+
+__all__ = ["PostgresServer", "free_port", "postgres_for_tests"]
+
 LOCAL_URL = "postgresql://postgres@127.0.0.1:5432/test"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _answers(url: str) -> bool:
@@ -60,7 +57,7 @@ class PostgresServer:
     def __init__(self, *, ssl_files: Optional[tuple[str, str]] = None, hba: Optional[Sequence[str]] = None) -> None:
         self.ssl_files = ssl_files
         self.hba = list(hba) if hba is not None else None
-        self.port = free_port()
+        self.port = free_port()  # start() takes another one if this one is taken meanwhile
         self.dir = tempfile.mkdtemp(prefix="bullmq-compat-pg-")
         self.data = os.path.join(self.dir, "data")
         self._as_postgres = os.geteuid() == 0
@@ -98,7 +95,14 @@ class PostgresServer:
                 f.write("\n".join(self.hba) + "\n")
             if self._as_postgres:
                 shutil.chown(hba_file, "postgres")
-        return self.boot()
+        for attempt in range(4):
+            try:
+                return self.boot()
+            except subprocess.CalledProcessError:
+                if attempt == 3:
+                    raise
+                self.port = free_port()  # pg_ctl fails when the port was taken meanwhile
+        raise AssertionError("unreachable")
 
     def boot(self) -> "PostgresServer":
         """Start the (already made) cluster on its port and wait until it answers."""
@@ -108,7 +112,7 @@ class PostgresServer:
             options += f" -c ssl=on -c ssl_cert_file={cert} -c ssl_key_file={key}"
         self._run(_binary("pg_ctl"), "-D", self.data, "-w", "-l", os.path.join(self.dir, "log"), "-o",
                   options, "start")
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while not _answers(self.url):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the test PostgreSQL did not start on port {self.port}")

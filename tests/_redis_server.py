@@ -13,11 +13,21 @@ import tempfile
 import time
 from typing import Iterator
 
+from tests._ports import free_port
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = ["RedisServer", "free_port", "redis_for_tests"]
+
+
+def die_with_parent() -> None:
+    """preexec_fn for a server we start: it gets SIGTERM when this process dies (a killed pytest or
+    xdist worker leaves no redis-server behind on the shared machine). Linux only; else nothing."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 -- not Linux: the fixtures still stop what they started
+        pass
 
 
 def _ping(port: int, timeout: float = 0.2) -> bool:
@@ -35,6 +45,7 @@ class RedisServer:
     """A redis-server child process on a free loopback port, in a temporary directory."""
 
     def __init__(self, port: int | None = None, extra_args: tuple[str, ...] = ()) -> None:
+        self._retry_ports = port is None  # a port of our choosing: another one if it was taken meanwhile
         self.port = port or free_port()
         self.dir = tempfile.mkdtemp(prefix="bullmq-compat-redis-")
         self.extra_args = extra_args
@@ -48,17 +59,28 @@ class RedisServer:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not on PATH: install it (apt-get install redis-server) or set REDIS_URL")
-        self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", self.dir, *self.extra_args],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while not _ping(self.port):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server did not start on port {self.port}")
-            time.sleep(0.02)
-        return self
+        for attempt in range(5):
+            self.proc = subprocess.Popen(
+                [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                 "--dir", self.dir, *self.extra_args],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent,
+            )
+            deadline = time.monotonic() + 30
+            while not _ping(self.port):
+                if self.proc.poll() is not None:
+                    break  # exited: the port was taken meanwhile (or a bad argument)
+                if time.monotonic() > deadline:
+                    self.proc.kill()
+                    self.proc.wait()
+                    raise RuntimeError(f"redis-server did not start on port {self.port}")
+                time.sleep(0.02)
+            else:
+                if self.proc.poll() is None:  # ours answered (not some server that took the port)
+                    return self
+            if not self._retry_ports:
+                break
+            self.port = free_port()
+        raise RuntimeError(f"redis-server did not start (exit status {self.proc.returncode}, last port {self.port})")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

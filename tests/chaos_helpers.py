@@ -107,6 +107,20 @@ async def add_plan(queue: Any, plan: Plan, batch: int = 1000) -> list[str]:
     return ids
 
 
+async def add_plan_part(queue: Any, plan: Plan, part: int, parts: int, batch: int = 1000) -> list[str]:
+    """Add the ``part``-th (from 0) of ``parts`` consecutive slices of the plan; call them in order
+    (``plan.ids`` grows with each, in item order, as `add_plan` sets it)."""
+    if part == 0:
+        plan.ids = []
+    n = len(plan.items)
+    lo, hi = n * part // parts, n * (part + 1) // parts
+    ids: list[str] = []
+    for start in range(lo, hi, batch):
+        ids += [str(job.id) for job in await queue.add_bulk(plan.items[start:min(start + batch, hi)])]
+    plan.ids += ids
+    return ids
+
+
 # -- records -------------------------------------------------------------------------------------
 
 async def read_list(client: aioredis.Redis, key: str, batch: int = 10000) -> list[dict[str, Any]]:

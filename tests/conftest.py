@@ -9,6 +9,50 @@ import redis.asyncio as aioredis
 from tests._redis_server import redis_for_tests
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that uses a module-scoped fixture (a cluster, a TLS server, a PostgreSQL of its own...)
+    runs on the same xdist worker as the rest of its module (``--dist loadgroup``), so the fixture is
+    set up once, not once per worker. A test with an ``xdist_group`` mark of its own keeps it."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        if any(d.scope == "module" for defs in info.name2fixturedefs.values() for d in defs):
+            module = getattr(item, "module", None)
+            item.add_marker(pytest.mark.xdist_group(f"module-{getattr(module, '__name__', item.nodeid)}"))
+    _suffix_groups(config, items)
+
+
+def _suffix_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """What ``--dist loadgroup`` does on each xdist worker: a grouped test's node id gets
+    ``@<group>``, which the controller schedules by. xdist 3.8 sets ``item._nodeid``; pytest 9 keeps
+    the id in ``item._id``, so there nothing happens and every group is spread over the workers:
+    here it is done for the ids xdist left unchanged."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        if not names or item.nodeid.endswith("@" + "_".join(names)):
+            continue
+        if hasattr(item, "_id"):  # (before pytest 9, xdist's hook, which runs after this one, does it)
+            from _pytest.nodeid import coerce_node_id
+
+            item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(names)}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+async def _node_command_server() -> AsyncIterator[None]:
+    """The Node command server of `tests.node.node` (started by the first command) ends with the session."""
+    yield
+    from tests.node import close_node_server
+
+    await close_node_server()
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     """A Redis for the whole session: REDIS_URL, a testcontainers Redis, or our own redis-server."""

@@ -7,29 +7,12 @@ import contextlib
 import json
 from typing import Any, AsyncIterator, Mapping
 
-from bullmq_compat import Job, Worker
+from bullmq_compat import Worker
 from tests.node import INTEROP, NodeProcess
+from tests.processors import behave as process
 
 FLOW_JS = INTEROP / "flow.js"
 FINISHED = ("completed", "failed")
-
-
-async def process(job: Job) -> Any:
-    """The twin of flow.js's processJob: behaviour from job.data["behave"]."""
-    behave = (job.data.get("behave") if isinstance(job.data, dict) else None) or {}
-    if behave.get("sleepMs"):
-        await asyncio.sleep(behave["sleepMs"] / 1000)
-    if "fail" in behave:
-        raise RuntimeError(behave["fail"])
-    if behave.get("children"):
-        return {
-            "children": await job.get_children_values(),
-            "ignored": await job.get_ignored_children_failures(),
-            "counts": await job.get_dependencies_count(),
-        }
-    if "return" in behave:
-        return behave["return"]
-    return {"py": job.data}
 
 
 @contextlib.asynccontextmanager

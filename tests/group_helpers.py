@@ -31,8 +31,10 @@ from tests.node import stop_process, INTEROP, NodeProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: the issue's size for "a group with many waiting jobs does not delay a one-job group"
-HELD_JOBS = 100_000
+#: the size for "a group with many waiting jobs does not delay a one-job group": the issue's 100,000
+#: under BULLMQ_COMPAT_CHAOS=1 (`make chaos`); 20,000 in `make test` (the cost is the adding, not the
+#: property: the one-job group's start does not depend on the held count)
+HELD_JOBS = 100_000 if os.environ.get("BULLMQ_COMPAT_CHAOS", "") not in ("", "0") else 20_000
 
 
 def now_ms() -> int:

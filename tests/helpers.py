@@ -23,6 +23,12 @@ async def wait_until(predicate: Callable[[], Any], timeout: float = 15.0, what: 
         await asyncio.sleep(interval)
 
 
+async def eventually(check: Callable[[], Any], *, timeout: float = 60.0, interval: float = 0.1,
+                     what: str = "condition") -> Any:
+    """`wait_until`, keyword style: await ``check()`` until it returns something truthy (returned)."""
+    return await wait_until(check, timeout, what, interval)
+
+
 class EventRecorder:
     """Records an emitter's events (a Worker, a QueueEvents...) as (name, args)."""
 

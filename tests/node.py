@@ -1,6 +1,7 @@
 """Drive the Node.js BullMQ side of the interop tests (interop/cli.js, interop/board.js).
 
-``await node(op, **args)`` runs one ``interop/cli.js`` command and returns its JSON result;
+``await node(op, **args)`` runs one ``interop/cli.js`` command (in this test process's
+``cli.js serve`` command server) and returns its JSON result;
 ``NodeProcess`` runs a long-lived script (the Bull-Board server, or a ``cli.js work`` worker)
 in the background for the duration of an ``async with`` block.
 
@@ -109,14 +110,141 @@ async def run_node(argv: Sequence[str], *, label: str, budget: float, stdin: byt
     return _last_json_line(stdout, stderr)
 
 
+#: BULLMQ_COMPAT_NODE_SERVER=0 runs every `node()` command in a Node process of its own
+_SERVED = os.environ.get("BULLMQ_COMPAT_NODE_SERVER", "1") not in ("", "0")
+#: commands that stay one process each: a worker (its own lifetime), migrations (a fresh module state)
+_ONE_SHOT = frozenset({"work", "migrate"})
+
+
+class _CommandServer:
+    """One ``node interop/cli.js serve`` per test process (and event loop), running `node()`'s
+    commands: a Node start-up (~0.3 s of CPU, seconds on a loaded machine) per command was most of
+    what the interop tests cost. Requests carry an id; replies come as they finish. A command that
+    overruns its budget kills the server (the next command starts another), as it would have
+    killed its own process."""
+
+    def __init__(self) -> None:
+        self.proc: asyncio.subprocess.Process | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.pending: dict[int, asyncio.Future[Any]] = {}
+        self.next_id = 0
+        self.stderr = bytearray()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def _ensure(self) -> asyncio.subprocess.Process:
+        loop = asyncio.get_running_loop()
+        if self.proc is not None and self.proc.returncode is None and self.loop is loop:
+            return self.proc
+        self._forget()
+        self.proc = await asyncio.create_subprocess_exec(
+            _node_binary(), str(CLI), "serve", cwd=str(ROOT), stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, limit=1 << 28)
+        self.loop = loop
+        self.pending = {}
+        self._tasks = [asyncio.ensure_future(self._read(self.proc, self.pending)),
+                       asyncio.ensure_future(self._drain_stderr(self.proc))]
+        return self.proc
+
+    def _forget(self) -> None:
+        """Drop the current server (of another loop, dead, or stuck): kill it, fail its commands."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+        for fut in self.pending.values():
+            if not fut.done():
+                fut.set_exception(NodeError("the Node command server was stopped", None, self.stderr_tail()))
+        self.pending = {}
+
+    def stderr_tail(self, since: int = 0) -> str:
+        return self.stderr[max(since, len(self.stderr) - 4000):].decode(errors="replace")
+
+    async def _read(self, proc: asyncio.subprocess.Process, pending: dict[int, asyncio.Future[Any]]) -> None:
+        assert proc.stdout is not None
+        while line := await proc.stdout.readline():
+            try:
+                reply = json.loads(line)
+                fut = pending.pop(reply["id"])
+            except (ValueError, KeyError, TypeError):  # not a reply (something an op printed)
+                continue
+            if not fut.done():
+                fut.set_result(reply)
+        status = await proc.wait()
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(NodeError(f"the Node command server exited with status {status}", None,
+                                            self.stderr_tail()))
+        pending.clear()
+
+    async def _drain_stderr(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stderr is not None
+        while chunk := await proc.stderr.read(65536):
+            self.stderr += chunk
+            if len(self.stderr) > 1 << 20:
+                del self.stderr[:len(self.stderr) - (1 << 19)]
+
+    async def call(self, op: str, args: dict[str, Any], budget: float) -> Any:
+        proc = await self._ensure()
+        assert proc.stdin is not None
+        self.next_id += 1
+        request_id = self.next_id
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.pending[request_id] = fut
+        since = len(self.stderr)
+        proc.stdin.write((json.dumps({"id": request_id, "op": op, "args": args}) + "\n").encode())
+        try:
+            await proc.stdin.drain()
+            reply = await asyncio.wait_for(fut, budget)
+        except asyncio.TimeoutError:
+            self._forget()
+            raise NodeError(f"cli.js {op} did not finish within {budget:.0f}s") from None
+        finally:
+            self.pending.pop(request_id, None)
+        if "error" in reply:
+            raise NodeError(str(reply["error"]), reply.get("name"), self.stderr_tail(since))
+        return reply.get("result")
+
+    async def close(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.returncode is not None or self.loop is not asyncio.get_running_loop():
+            self._forget_process(proc)
+            return
+        assert proc.stdin is not None
+        proc.stdin.close()  # the server ends once its commands have
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except asyncio.TimeoutError:
+            self._forget_process(proc)
+        for task in self._tasks:
+            task.cancel()
+
+    @staticmethod
+    def _forget_process(proc: asyncio.subprocess.Process | None) -> None:
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+
+
+_server = _CommandServer()
+
+
+async def close_node_server() -> None:
+    """Stop the command server of this test process (conftest does, at the end of the session)."""
+    await _server.close()
+
+
 async def node(op: str, **args: Any) -> Any:
-    """Run ``node interop/cli.js <op> <json(args)>`` and return its parsed JSON result.
+    """Run ``interop/cli.js <op>`` with ``args`` and return its parsed JSON result.
 
     ``args`` are the JSON fields of the command (``redis``, ``queue``, ``prefix``, ...; or
     ``postgres``, ``schema``, ``migrate`` in place of ``redis``/``prefix``).
-    Raises :class:`NodeError` when the command fails.
+    Raises :class:`NodeError` when the command fails. It runs in this process's command server
+    (`_CommandServer`), or as ``node interop/cli.js <op> <json(args)>`` for `_ONE_SHOT` ones and
+    with BULLMQ_COMPAT_NODE_SERVER=0.
     """
     budget = float(args.get("timeoutMs", 30000)) / 1000 + _SLACK_S
+    if _SERVED and op not in _ONE_SHOT:
+        return await _server.call(op, args, budget)
     return await run_node([str(CLI), op, json.dumps(args)], label=f"cli.js {op}", budget=budget)
 
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional
 
-from bullmq_compat import Job, Queue, UnrecoverableError, Worker
+from bullmq_compat import Job, Queue, Worker
+from tests.helpers import eventually  # noqa: F401 (re-exported)
+from tests.processors import behave as process
 from tests.node import INTEROP, NodeProcess, node
 from tests.pg_node_helpers import apsql  # noqa: F401 (re-exported)
 
@@ -27,45 +28,6 @@ def pg_of(postgres_url: str, schema: str, *, migrate: Optional[bool] = True) -> 
     if migrate is not None:
         args["migrate"] = migrate
     return args
-
-
-async def eventually(check: Callable[[], Awaitable[Any]], *, timeout: float = 60.0, interval: float = 0.2,
-                     what: str = "condition") -> Any:
-    """Await ``check()`` until it returns something truthy (returned), or fail after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not met within {timeout}s (last: {value!r})")
-        await asyncio.sleep(interval)
-
-
-async def process(job: Job) -> Any:
-    """The Python twin of cli.js's processJob: the behaviour comes from job.data["behave"]."""
-    behave = (job.data.get("behave") if isinstance(job.data, dict) else None) or None
-    if not behave:
-        return {"py": job.data}
-    if behave.get("sleepMs"):
-        await asyncio.sleep(behave["sleepMs"] / 1000)
-    if "unrecoverable" in behave:
-        raise UnrecoverableError(behave["unrecoverable"])
-    if "fail" in behave:
-        raise RuntimeError(behave["fail"])
-    if "failTimes" in behave:
-        if job.attempts_made < behave["failTimes"]:
-            raise RuntimeError(behave.get("message", "failing on purpose"))
-        return {"ok": True}
-    if behave.get("children"):
-        return {
-            "children": await job.get_children_values(),
-            "ignored": await job.get_ignored_children_failures(),
-            "counts": await job.get_dependencies_count(),
-        }
-    if "return" in behave:
-        return behave["return"]
-    return {"py": job.data}
 
 
 @contextlib.asynccontextmanager

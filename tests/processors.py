@@ -2,6 +2,7 @@
 (child processes must be able to import them) and for worker subprocesses."""
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
@@ -17,3 +18,32 @@ def crash_task(job: Any) -> dict[str, int]:
     if (job.data or {}).get("crash"):
         os._exit(1)
     return {"pid": os.getpid()}
+
+
+async def behave(job: Any) -> Any:
+    """The Python twin of interop's processJob (cli.js, flow.js): what it does comes from
+    ``job.data["behave"]`` (sleepMs, unrecoverable, fail, failTimes, children, return)."""
+    from bullmq_compat import UnrecoverableError
+
+    todo = (job.data.get("behave") if isinstance(job.data, dict) else None) or None
+    if not todo:
+        return {"py": job.data}
+    if todo.get("sleepMs"):
+        await asyncio.sleep(todo["sleepMs"] / 1000)
+    if "unrecoverable" in todo:
+        raise UnrecoverableError(todo["unrecoverable"])
+    if "fail" in todo:
+        raise RuntimeError(todo["fail"])
+    if "failTimes" in todo:
+        if job.attempts_made < todo["failTimes"]:
+            raise RuntimeError(todo.get("message", "failing on purpose"))
+        return {"ok": True}
+    if todo.get("children"):
+        return {
+            "children": await job.get_children_values(),
+            "ignored": await job.get_ignored_children_failures(),
+            "counts": await job.get_dependencies_count(),
+        }
+    if "return" in todo:
+        return todo["return"]
+    return {"py": job.data}

@@ -10,6 +10,7 @@ import json
 import re
 import shutil
 import subprocess
+import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -25,6 +26,9 @@ pytestmark = pytest.mark.node
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
 
+# one chromium at a time (it is the heaviest thing in the suite), on one xdist worker
+pytestmark = pytest.mark.xdist_group("browser")
+
 
 def chromium() -> str:
     binary = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -34,18 +38,31 @@ def chromium() -> str:
 
 
 async def render(url: str, *, screenshot: Path | None = None) -> str:
-    """The page's text after its scripts ran (and, optionally, a screenshot of it)."""
-    args = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=6000",
-            "--window-size=1400,1000"]
-    if screenshot is not None:
-        proc = await asyncio.create_subprocess_exec(*args, f"--screenshot={screenshot}", url,
-                                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        await asyncio.wait_for(proc.wait(), 60)
-    proc = await asyncio.create_subprocess_exec(*args, "--dump-dom", url, stdout=subprocess.PIPE,
-                                                stderr=subprocess.DEVNULL)
-    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    """The page's text after its scripts ran (and, optionally, a screenshot of it). Each chromium
+    gets a profile directory of its own (two sharing one hand over to each other, or hang)."""
+    with tempfile.TemporaryDirectory(prefix="bullmq-compat-chromium-") as profile:
+        args = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=6000",
+                "--window-size=1400,1000", f"--user-data-dir={profile}"]
+        if screenshot is not None:
+            proc = await asyncio.create_subprocess_exec(*args, f"--screenshot={screenshot}", url,
+                                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            await _finish(proc)
+        proc = await asyncio.create_subprocess_exec(*args, "--dump-dom", url, stdout=subprocess.PIPE,
+                                                    stderr=subprocess.DEVNULL)
+        out = await _finish(proc)
     text = re.sub(r"<[^>]+>", " ", out.decode(errors="replace"))
     return re.sub(r"\s+", " ", text)
+
+
+async def _finish(proc: asyncio.subprocess.Process, timeout: float = 180) -> bytes:
+    """Its stdout once it exits; killed (and the test failed) after ``timeout`` s."""
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+    except asyncio.TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    return out or b""
 
 
 async def slow_process(job):

@@ -26,7 +26,7 @@ from typing import Any
 
 from bullmq_compat import Queue
 from tests.chaos_helpers import (
-    CHAOS, add_plan, chaos_worker, check_runs, delete_queue_keys, final_states, finish_events, plan_jobs,
+    CHAOS, add_plan_part, chaos_worker, check_runs, delete_queue_keys, final_states, finish_events, plan_jobs,
     poll_until, proc_lines, read_list, report, stdout_of,
 )
 
@@ -35,6 +35,7 @@ WORKERS = 3
 KILL_EVERY = (0.5, 1.5)       # seconds between kills
 MAX_KILLS = 200 if CHAOS else 25
 SOAK_TIMEOUT = 600 if CHAOS else 60
+PARTS = 6  # so at least 5 kills (each followed by a part) in make test
 
 
 async def test_worker_crash_soak(redis_url: str, queue_name: str, redis: Any) -> None:
@@ -50,7 +51,10 @@ async def test_worker_crash_soak(redis_url: str, queue_name: str, redis: Any) ->
     started = time.monotonic()
     try:
         try:
-            await add_plan(queue, plan)
+            # the jobs come in PARTS parts, the next after each kill: on a loaded machine a worker's
+            # start takes seconds, and the work must not all be done before the kills are
+            await add_plan_part(queue, plan, 0, PARTS)
+            parts = 1
             for i in range(WORKERS):
                 procs.append(await chaos_worker(redis_url, queue_name, rec, name=f"chaos{i}").__aenter__())
 
@@ -59,7 +63,8 @@ async def test_worker_crash_soak(redis_url: str, queue_name: str, redis: Any) ->
                 return counts["completed"] + counts["failed"] >= JOBS
 
             # kill one worker at a random moment, restart it at once; until done (or the kill budget)
-            while len(kills) < MAX_KILLS and time.monotonic() - started < SOAK_TIMEOUT and not await finished():
+            while len(kills) < MAX_KILLS and time.monotonic() - started < SOAK_TIMEOUT and (
+                    parts < PARTS or not await finished()):
                 await asyncio.sleep(rng.uniform(*KILL_EVERY))
                 k = rng.randrange(WORKERS)
                 victim = procs[k]
@@ -67,11 +72,17 @@ async def test_worker_crash_soak(redis_url: str, queue_name: str, redis: Any) ->
                 retired.append(victim)
                 procs[k] = await chaos_worker(redis_url, queue_name, rec, name=f"chaos{k}").__aenter__()
                 restarts += 1
+                if parts < PARTS:
+                    await add_plan_part(queue, plan, parts, PARTS)
+                    parts += 1
 
             async def progress() -> str:
                 return f"counts {await queue.get_job_counts()}; groups {(await queue.get_groups())[:5]}"
 
-            await poll_until(finished, max(30.0, SOAK_TIMEOUT - (time.monotonic() - started)),
+            while parts < PARTS:  # (the kill budget or the time ran out first)
+                await add_plan_part(queue, plan, parts, PARTS)
+                parts += 1
+            await poll_until(finished, max(120.0, SOAK_TIMEOUT - (time.monotonic() - started)),
                              f"all {JOBS} jobs to finish", progress)
             seconds = time.monotonic() - started
             await asyncio.sleep(0.3)  # a finished job's group release and events are written with it
@@ -86,7 +97,10 @@ async def test_worker_crash_soak(redis_url: str, queue_name: str, redis: Any) ->
         events = await finish_events(redis, f"{prefix}events")
         errors = [line["error"] for proc in procs + retired for line in proc_lines(await stdout_of(proc))
                   if "error" in line]
-        figures = check_runs(plan, states, starts, ends, kills, events)
+        # a job the stalled check moved back (its 1 s lock expired while a loaded machine kept its
+        # worker from renewing it, no kill needed) may run again: at-least-once, as documented
+        lock_lost = {job_id for job_id, n in events["stalled"].items() if n}
+        figures = check_runs(plan, states, starts, ends, kills, events, may_repeat=lock_lost)
         figures.restarts = restarts
         figures.seconds = seconds
         report(f"\nworker crash soak: {figures.line()}; worker 'error' events {len(errors)}")

@@ -321,17 +321,17 @@ async def test_idle_worker_outlasting_the_socket_timeout(cluster: LocalCluster, 
     client = RedisCluster(host=cluster.host, port=cluster.port, decode_responses=True, socket_timeout=0.3)
     try:
         async with Queue(name, connection=client, prefix=PREFIX) as queue:
-            worker = Worker(name, lambda job: job.data["i"], connection=client, drain_delay=1.0, prefix=PREFIX,
+            worker = Worker(name, lambda job: job.data["i"], connection=client, drain_delay=3.0, prefix=PREFIX,
                             group_sweep_interval=1.0)
             rec = Recorder(worker)
             async with worker:
                 await queue.add("first", {"i": 1})
                 await wait_until(lambda: rec.completed, 5, "the first job")
-                await asyncio.sleep(1.5)  # idle: BZPOPMIN blocks 1 s, XREAD up to 1 s, at a 0.3 s timeout
+                await asyncio.sleep(3.5)  # idle: BZPOPMIN blocks 3 s, XREAD up to 1 s, at a 0.3 s timeout
                 t0 = time.monotonic()
                 await queue.add("second", {"i": 2})
-                await wait_until(lambda: len(rec.completed) == 2, 5, "the second job")
-                assert time.monotonic() - t0 < 1.0
+                await wait_until(lambda: len(rec.completed) == 2, 15, "the second job")
+                assert time.monotonic() - t0 < 2.0  # woken by the add, not by the end of a 3 s block
                 blocking = worker._channel.channel._blocking  # type: ignore[union-attr]
                 assert blocking is not client and blocking.connection_kwargs["socket_timeout"] is None
             assert not rec.errors, rec.errors

@@ -112,8 +112,9 @@ async def test_group_jobs_mixed_with_plain_jobs_priority_delay_and_lifo(
     """Group jobs keep their upstream options when released: a delayed head waits its delay, a
     prioritized one goes to 'prioritized'; plain jobs of the queue are untouched."""
     async with a_queue(queue_name, redis_url) as queue:
-        added = now_ms()  # (before the add: its delay runs from the job's timestamp)
-        d0 = await queue.add("d", {"g": "D", "s": 0}, group="D", delay=300)
+        before_add = now_ms()
+        # (2 s: the checks below are done before it is due, even on a loaded machine)
+        d0 = await queue.add("d", {"g": "D", "s": 0}, group="D", delay=2000)
         d1 = await queue.add("d", {"g": "D", "s": 1}, group="D", priority=5)
         p0 = await queue.add("p", {"g": "P", "s": 0}, group={"id": "P"}, priority=3)
         plain = await queue.add("plain", {"g": "plain", "s": 0})
@@ -126,11 +127,11 @@ async def test_group_jobs_mixed_with_plain_jobs_priority_delay_and_lifo(
         assert await redis.hget(f"bull:{queue_name}:{d1.id}", "gid") == "D"
         assert json.loads(await redis.hget(f"bull:{queue_name}:{d1.id}", "opts"))["group"] == {"id": "D"}
         async with python_workers(redis_url, queue_name, 1, concurrency=5):
-            await wait_records(redis, rec_key(queue_name), 4, 10, queue)
+            await wait_records(redis, rec_key(queue_name), 4, 30, queue)
         ends, starts = await read_records(redis, rec_key(queue_name))
         check_groups(ends, starts, {"D": 2, "P": 1, "plain": 1})
         d_first = next(e for e in ends if e["g"] == "D" and e["s"] == 0)
-        assert d_first["t0"] >= added + 300, "the delayed head ran before its delay"
+        assert d_first["t0"] >= before_add + 2000, "the delayed head ran before its delay"
         assert await queue.get_job_state(d1.id) == "completed"
 
 
@@ -597,20 +598,21 @@ async def test_a_group_with_many_held_jobs_does_not_delay_a_one_job_group() -> N
 
                 run_at = now_ms()
                 async with python_workers(url, queue_name, 1, concurrency=4):
-                    await wait_until(lambda: started("B"), 10, "B to start")
+                    await wait_until(lambda: started("B"), 30, "B to start")
                     b_latency = (await start_of("B") or 0) - run_at
                     await wait_records(redis, rec, 200, 20)  # A churns, one job at a time
                     c_added = now_ms()
                     await queue.add("c", {"g": "C", "s": 0}, group="C")
-                    await wait_until(lambda: started("C"), 10, "C to start")
+                    await wait_until(lambda: started("C"), 30, "C to start")
                     c_latency = (await start_of("C") or 0) - c_added
                     a_done = sum(1 for raw in await redis.lrange(rec, 0, -1) if json.loads(raw)["g"] == "A")
                     a_rate = a_done / max((now_ms() - run_at) / 1000, 1e-3)
                 print(f"{HELD_JOBS:,} held jobs in group A: added in {add_took:.1f}s, getJobCounts {count_took * 1000:.1f} ms; "
                       f"one-job group B started {b_latency} ms after the worker; C (added mid-run) started "
                       f"{c_latency} ms after its add; A ran at {a_rate:.0f} jobs/s")
-                assert b_latency < 1000, f"B started {b_latency} ms after the worker started"
-                assert c_latency < 1000, f"C started {c_latency} ms after it was added"
+                # (behind A it would wait for minutes; 5 s leaves room for a loaded machine)
+                assert b_latency < 5000, f"B started {b_latency} ms after the worker started"
+                assert c_latency < 5000, f"C started {c_latency} ms after it was added"
                 ends, starts = await read_records(redis, rec)
                 a_order = [s["s"] for s in starts if s["g"] == "A"]
                 assert a_order == list(range(len(a_order))), "group A ran out of order"

@@ -18,7 +18,11 @@ pytestmark = pytest.mark.node
 
 # the two runs' TTLs are read at different moments of two runs: a busy machine puts hundreds of ms
 # between their steps, so the TTLs may differ by that much, or by a quarter of the TTL when larger
-TTL_TOLERANCE_MS = 250
+TTL_TOLERANCE_MS = 1000
+
+# the throttle and extend scenarios' TTL and sleeps, in ms: each decision has a margin of a quarter
+# of the TTL (750 ms) against the time the steps themselves take on a loaded machine
+TTL = 3000
 
 
 def add(data: Any, delay: int = 0, **dedup: Any) -> dict[str, Any]:
@@ -27,6 +31,10 @@ def add(data: Any, delay: int = 0, **dedup: Any) -> dict[str, Any]:
     if delay:
         opts["delay"] = delay
     return {"add": {"name": "job", "data": data, "opts": opts}}
+
+
+def sleep(fraction: float) -> dict[str, Any]:
+    return {"sleep": int(TTL * fraction)}
 
 
 PROBE = {"probe": "k"}
@@ -39,18 +47,19 @@ SCENARIOS: dict[str, list[dict[str, Any]]] = {
         {"complete": "t1"}, PROBE,
         add({"v": 4}), PROBE,
     ],
-    # throttle: deduplicated for ttl ms, whatever happens to the job
+    # throttle: deduplicated for ttl ms, whatever happens to the job (v3 at 0.25 ttl, v4 at 1.25)
     "throttle": [
-        add({"v": 1}, ttl=600), PROBE, add({"v": 2}, ttl=600),
-        {"sleep": 250}, add({"v": 3}, ttl=600), PROBE,
-        {"sleep": 500}, add({"v": 4}, ttl=600), PROBE,
+        add({"v": 1}, ttl=TTL), PROBE, add({"v": 2}, ttl=TTL),
+        sleep(0.25), add({"v": 3}, ttl=TTL), PROBE,
+        sleep(1.0), add({"v": 4}, ttl=TTL), PROBE,
     ],
-    # extend: every deduplicated add restarts the ttl
+    # extend: every deduplicated add restarts the ttl (v2 at 0.5 ttl, v3 at 1.0: each within the
+    # extended ttl; v4 at 2.25: 1.25 ttl after the last extension)
     "extend": [
-        add({"v": 1}, ttl=600, extend=True),
-        {"sleep": 350}, add({"v": 2}, ttl=600, extend=True), PROBE,
-        {"sleep": 350}, add({"v": 3}, ttl=600, extend=True), PROBE,
-        {"sleep": 750}, add({"v": 4}, ttl=600, extend=True), PROBE,
+        add({"v": 1}, ttl=TTL, extend=True),
+        sleep(0.5), add({"v": 2}, ttl=TTL, extend=True), PROBE,
+        sleep(0.5), add({"v": 3}, ttl=TTL, extend=True), PROBE,
+        sleep(1.25), add({"v": 4}, ttl=TTL, extend=True), PROBE,
     ],
     # replace: a delayed job is replaced by the newer add; a waiting one is kept
     "replace": [

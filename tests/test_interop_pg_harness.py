@@ -10,12 +10,13 @@ import json
 import time
 import urllib.parse
 import urllib.request
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import pytest
 
 from tests._redis_server import free_port
 from tests.node import INTEROP, NodeError, NodeProcess, node, run_node
+from tests.helpers import eventually
 from tests.node_scripts import run_script
 from tests.pg_node_helpers import (apsql, pg_args, pg_schema, postgres_url,  # noqa: F401 (fixtures)
                                    schema_exists)
@@ -25,19 +26,6 @@ pytestmark = pytest.mark.node
 MIGRATIONS = [
     "0001_schema", "0002_functions", "0003_dedup_stale_key", "0004_relay",
 ]  # the first four names; all 11 are checked by count and version
-
-
-async def eventually(check: Callable[[], Awaitable[Any]], *, timeout: float = 30.0,
-                     interval: float = 0.2) -> Any:
-    """Await ``check()`` until it returns something truthy (returned) or ``timeout`` passes."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s (last: {value!r})")
-        await asyncio.sleep(interval)
 
 
 async def flow_js(op: str, **args: Any) -> Any:

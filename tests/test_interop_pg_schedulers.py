@@ -90,7 +90,8 @@ async def test_python_schedulers_run_under_a_node_worker(postgres_url: str, pg_s
 
         async with node_work(pg, queue_name, count=6, concurrency=2) as worker:
             outcome = await worker.result()
-        assert outcome["timedOut"] is False and len(outcome["completed"]) == 6
+        # (at concurrency 2, the job in flight when the 6th completes may complete too)
+        assert outcome["timedOut"] is False and len(outcome["completed"]) in (6, 7)
         assert all(i.startswith(("repeat:py-every:", "repeat:py-cron:")) for i in outcome["completed"])
         runs = await node_completed(pg, queue_name, "py-every")
         assert runs, outcome

@@ -32,7 +32,7 @@ import pytest
 
 from bullmq_compat import Queue, QueueEvents, Worker, migrate_postgres
 from tests._postgres_server import PostgresServer
-from tests.chaos_helpers import add_plan, check_runs, now_ms, plan_jobs, poll_until, proc_lines, report, stdout_of
+from tests.chaos_helpers import add_plan, add_plan_part, check_runs, now_ms, plan_jobs, poll_until, proc_lines, report, stdout_of
 from tests.group_helpers import Proc
 
 
@@ -120,6 +120,7 @@ CRASH_JOBS = 400
 CRASH_WORKERS = 3
 KILL_EVERY = (0.4, 1.0)  # seconds between kills
 MAX_KILLS = 12
+CRASH_PARTS = 5  # so at least 4 kills (each followed by a part)
 
 
 async def test_sigkilled_workers_lose_no_job_and_stalled_jobs_come_back(
@@ -137,11 +138,14 @@ async def test_sigkilled_workers_lose_no_job_and_stalled_jobs_come_back(
     kills: dict[int, int] = {}
     restarts = 0
     try:
-        await add_plan(queue, plan)
+        # the jobs come in CRASH_PARTS parts, the next after each kill: on a loaded machine a worker's
+        # start takes seconds, and the work must not all be done before the kills are
+        await add_plan_part(queue, plan, 0, CRASH_PARTS)
+        parts = 1
         started = time.monotonic()
         for i in range(CRASH_WORKERS):
             procs.append(await pg_worker(postgres_url, schema, queue_name, tmp_path, name=f"crash{i}").__aenter__())
-        while len(kills) < MAX_KILLS and await finished_count(queue) < CRASH_JOBS:
+        while len(kills) < MAX_KILLS and (parts < CRASH_PARTS or await finished_count(queue) < CRASH_JOBS):
             await asyncio.sleep(rng.uniform(*KILL_EVERY))
             k = rng.randrange(CRASH_WORKERS)
             victim = procs[k]
@@ -149,11 +153,14 @@ async def test_sigkilled_workers_lose_no_job_and_stalled_jobs_come_back(
             retired.append(victim)
             procs[k] = await pg_worker(postgres_url, schema, queue_name, tmp_path, name=f"crash{k}").__aenter__()
             restarts += 1
+            if parts < CRASH_PARTS:
+                await add_plan_part(queue, plan, parts, CRASH_PARTS)
+                parts += 1
 
         async def progress() -> str:
             return f"counts {await queue.get_job_counts()}"
 
-        await poll_until(lambda: _ge(finished_count(queue), CRASH_JOBS), 60, f"all {CRASH_JOBS} jobs to finish",
+        await poll_until(lambda: _ge(finished_count(queue), CRASH_JOBS), 180, f"all {CRASH_JOBS} jobs to finish",
                          progress)
         seconds = time.monotonic() - started
         counts = await queue.get_job_counts()

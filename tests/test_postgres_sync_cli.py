@@ -90,7 +90,7 @@ def test_sync_queue_events_see_a_job_finish_on_postgres(postgres_url: str, pg_sc
     running = sync.run(_start(worker))
     try:
         job = queue.add("d", {"i": 21})
-        assert job.wait_until_finished(events, 30) == {"double": 42}
+        assert job.wait_until_finished(events, 30_000) == {"double": 42}  # (ms, as Node's ttl)
         assert queue.get_job(job.id).returnvalue == {"double": 42}
         assert queue.get_job_counts("completed") == {"completed": 1}
     finally:

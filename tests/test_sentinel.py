@@ -114,8 +114,8 @@ async def test_worker_survives_failover(sentinel_setup: LocalSentinel, master: A
                              skip_meta_update=True) as direct:
                 async def all_completed() -> bool:
                     return (await direct.get_job_counts("completed"))["completed"] == len(ids)
-                await wait_until(all_completed, 45, "every job completed on the new master")
-                assert time.monotonic() - started < 45
+                await wait_until(all_completed, 120, "every job completed on the new master")
+                assert time.monotonic() - started < 120
                 counts = await direct.get_job_counts("completed", "failed", "waiting", "active", "delayed")
                 assert counts == {"completed": 45, "failed": 0, "waiting": 0, "active": 0, "delayed": 0}
                 for job in before + during + after:

@@ -34,7 +34,7 @@ EPS = 0.005
 class Events(EventRecorder):
     """A worker's events, with a wait for them."""
 
-    async def wait(self, name: str, count: int = 1, timeout: float = 10.0) -> list[tuple[Any, ...]]:
+    async def wait(self, name: str, count: int = 1, timeout: float = 30.0) -> list[tuple[Any, ...]]:
         await wait_until(lambda: len(self.of(name)) >= count, timeout, f"{count} {name!r} event(s)")
         return self.of(name)
 
@@ -215,16 +215,18 @@ async def test_fails_twice_then_succeeds_with_three_attempts(redis_url: str, que
 
 async def test_fixed_backoff_delays_the_retry(redis_url: str, queue_name: str, queue: Queue) -> None:
     flaky = Flaky(1)
-    added = await queue.add("fixed", {}, attempts=2, backoff={"type": "fixed", "delay": 400})
+    added = await queue.add("fixed", {}, attempts=2, backoff={"type": "fixed", "delay": 1000})
     worker = make_worker(redis_url, queue_name, flaky)
     events = Events(worker, "completed", "failed")
     async with worker:
         await events.wait("failed")
-        assert await queue.get_job_state(added.id) == "delayed"
-        assert (await queue.get_job_counts("delayed"))["delayed"] == 1
+        state = await queue.get_job_state(added.id)
+        delayed = (await queue.get_job_counts("delayed"))["delayed"]
+        if time.monotonic() - flaky.starts[0] < 0.9:  # looked before it was due (a slow machine may not)
+            assert (state, delayed) == ("delayed", 1)
         await events.wait("completed")
     assert len(flaky.starts) == 2
-    assert 0.4 - EPS <= flaky.gaps()[0] < 2.0, flaky.gaps()
+    assert 1.0 - EPS <= flaky.gaps()[0] < 4.0, flaky.gaps()
     job = await queue.get_job(added.id)
     assert job.attempts_made == 2 and job.returnvalue == {"after": 2}
 
@@ -250,7 +252,7 @@ async def test_exponential_backoff_doubles(redis_url: str, queue_name: str, queu
     gaps = flaky.gaps()
     assert len(gaps) == 3
     for gap, expected in zip(gaps, (0.15, 0.3, 0.6)):
-        assert expected - EPS <= gap < expected + 1.0, gaps
+        assert expected - EPS <= gap < expected + 2.5, gaps
 
 
 async def test_fixed_backoff_with_jitter_waits_within_bounds(redis_url: str, queue_name: str,
@@ -261,7 +263,7 @@ async def test_fixed_backoff_with_jitter_waits_within_bounds(redis_url: str, que
     events = Events(worker, "completed")
     async with worker:
         await events.wait("completed")
-    assert 0.3 - EPS <= flaky.gaps()[0] < 0.6 + 1.0, flaky.gaps()
+    assert 0.3 - EPS <= flaky.gaps()[0] < 0.6 + 2.5, flaky.gaps()
 
 
 def test_builtin_delay_matches_node_formulas(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -636,7 +638,7 @@ async def test_manual_processing(redis_url: str, queue_name: str, queue: Queue, 
         assert await worker.get_next_job("token-3", block=False) is None
         started = time.monotonic()
         assert await worker.get_next_job("token-3") is None  # blocks up to drain_delay
-        assert time.monotonic() - started < 3
+        assert time.monotonic() - started < 10
         assert [j.id for j, _ in events.of("active")] == [first.id, second.id]
         assert events.of("completed") == []  # finishing by hand emits no worker event
     finally:

@@ -1,6 +1,6 @@
 """A Python worker in a process of its own, for tests that kill or signal it.
 
-    python -m tests.worker_proc REDIS_URL QUEUE [--lock-duration MS] [--stalled-interval MS]
+    python -m tests.worker_proc REDIS_URL QUEUE [--lock-duration MS] [--stalled-interval MS] [--drain-delay S]
 
 Runs ``Worker.run()`` (with its SIGTERM/SIGINT handlers) until closed. The processor sleeps
 ``job.data["sleep"]`` seconds and returns ``{"pid": ...}``. Prints one JSON line per event on
@@ -36,9 +36,11 @@ async def main() -> None:
     parser.add_argument("--lock-duration", type=int, default=30000)
     parser.add_argument("--stalled-interval", type=int, default=30000)
     parser.add_argument("--shutdown-timeout", type=float, default=30.0)
+    parser.add_argument("--drain-delay", type=float, default=5.0)
     args = parser.parse_args()
     worker = Worker(args.queue, process, connection=args.redis_url, lock_duration=args.lock_duration,
-                    stalled_interval=args.stalled_interval, shutdown_timeout=args.shutdown_timeout)
+                    stalled_interval=args.stalled_interval, shutdown_timeout=args.shutdown_timeout,
+                    drain_delay=args.drain_delay)
     worker.on("ready", lambda: say(ready=os.getpid()))
     worker.on("completed", lambda job, result, prev: say(completed=job.id))
     worker.on("closing", lambda msg: say(closing=msg))
