@@ -54,11 +54,16 @@ def _int_option(name: str, value: Any, minimum: int, maximum: Optional[int] = No
     return value
 
 
-def batch_options(batch: Optional[Mapping[str, Any]], max_bytes: Optional[int] = None) -> Optional[BatchOptions]:
-    """``batch={...}`` (Python or Node key names) and the ``max_bytes=`` keyword, validated; None: no batches."""
+def batch_options(batch: Optional[Mapping[str, Any]], max_bytes: Optional[int] = None,
+                  group_affinity: Optional[bool] = None) -> Optional[BatchOptions]:
+    """``batch={...}`` (Python or Node key names) and the ``max_bytes=`` / ``group_affinity=`` keywords,
+    validated; None: no batches."""
     if batch is None:
         if max_bytes is not None:
             raise InvalidArgument(f"max_bytes={max_bytes!r} caps a batch: it needs batch={{'size': n}}")
+        if group_affinity is not None:
+            raise InvalidArgument(f"group_affinity={group_affinity!r} fills a batch from one group: it needs "
+                                  "batch={'size': n}")
         return None
     if not isinstance(batch, Mapping):
         raise InvalidArgument(f"batch={batch!r} must be a mapping such as {{'size': 50, 'min_size': 10, "
@@ -82,6 +87,11 @@ def batch_options(batch: Optional[Mapping[str, Any]], max_bytes: Optional[int] =
             raise InvalidArgument(f"max_bytes={max_bytes!r} and batch max_bytes={given['max_bytes']!r} differ: "
                                   "give it once")
         given["max_bytes"] = max_bytes
+    if group_affinity is not None:
+        if "group_affinity" in given and given["group_affinity"] != group_affinity:
+            raise InvalidArgument(f"group_affinity={group_affinity!r} and batch group_affinity="
+                                  f"{given['group_affinity']!r} differ: give it once")
+        given["group_affinity"] = group_affinity
     cap = given.get("max_bytes")
     if cap is not None:
         cap = _int_option("max_bytes", cap, 1)

@@ -119,7 +119,7 @@ class Worker(LockKeepingMixin, QueueBase):
                  fast_path: bool = True, group_keeper: Union[bool, str] = True, group_sweep_interval: float = 1.0,
                  telemetry: Any = None, autorun: bool = False, maximum_rate_limit_delay: int = 30000,
                  metrics_port: Optional[int] = None, batch: Optional[Mapping[str, Any]] = None,
-                 max_bytes: Optional[int] = None) -> None:
+                 max_bytes: Optional[int] = None, group_affinity: Optional[bool] = None) -> None:
         super().__init__(queue_name, connection, prefix=prefix, schema=schema, migrate=migrate)
         self.id = str(uuid.uuid4())
         self.worker_name = name
@@ -175,7 +175,7 @@ class Worker(LockKeepingMixin, QueueBase):
             if group_keeper and make_keeper is not None else None)
         self.use_processes = use_processes
         # batch={"size": n, ...}: the processor takes up to n jobs at a time (_batch.py, docs/worker.md)
-        self.batch = batch_options(batch, max_bytes)
+        self.batch = batch_options(batch, max_bytes, group_affinity)
         if self.batch is not None and use_processes:
             raise InvalidArgument("batch= is not supported with use_processes=True (a sandboxed processor takes "
                                   "one job): run the batch processor in the worker's process")

@@ -392,7 +392,22 @@ def test_batch_options_accept_python_and_node_names() -> None:
     assert batch_options({"size": 5, "minSize": 2, "maxBytes": 10, "groupAffinity": True}) == BatchOptions(
         5, 2, 0, 10, True)
     assert batch_options({"size": 5}, max_bytes=64) == BatchOptions(5, max_bytes=64)
+    assert batch_options({"size": 5}, group_affinity=True) == BatchOptions(5, group_affinity=True)
     assert batch_options(None) is None
+    worker = Worker("q", lambda job: None, connection="redis://127.0.0.1:1/0", batch={"size": 4},
+                    group_affinity=True)
+    assert worker.batch == BatchOptions(4, group_affinity=True)
+
+
+@pytest.mark.parametrize("batch, affinity, words", [
+    (None, True, "needs batch="),
+    ({"size": 5, "group_affinity": False}, True, "differ"),
+    ({"size": 5}, "yes", "group_affinity='yes' must be True or False"),
+])
+def test_the_group_affinity_keyword_is_checked_as_the_batch_key(batch: Any, affinity: Any, words: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        Worker("q", lambda job: None, connection="redis://127.0.0.1:1/0", batch=batch, group_affinity=affinity)
+    assert words in str(caught.value)
 
 
 @pytest.mark.parametrize("batch, max_bytes, words", [
