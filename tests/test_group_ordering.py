@@ -405,13 +405,15 @@ async def test_an_older_caller_without_the_order_flag_is_read_as_before(
     async with a_queue(queue_name, redis_url) as queue:
         await queue.set_group_ordering_delay(60_000)
         sent = []
-        for order_ms in (base + 5, None):
+        # an order before any timestamp this add can take (base + 5 matched the add's own timestamp
+        # whenever the add was prepared exactly 5 ms after base: then it reads as "no order given")
+        for order_ms in (base - 1000, None):
             opts: dict[str, Any] = {"group": "L"} if order_ms is None else {"group": "L", "order_ms": order_ms}
             prepared = queue._prepare("o", {}, opts)
             assert prepared.args[-1] == (0 if order_ms is None else 1)
             await queue.wait_until_ready()
             sent.append(codec.to_str(await queue.backend.runner.call(prepared.script, prepared.keys, prepared.args[:-1])))
         ordered, plain = sent
-        assert await redis.hget(f"bull:{queue_name}:{ordered}", "gord") == str(base + 5)
+        assert await redis.hget(f"bull:{queue_name}:{ordered}", "gord") == str(base - 1000)
         assert await redis.hget(f"bull:{queue_name}:{plain}", "gord") is None
         assert await queue.get_job_state(ordered) == "delayed"
