@@ -6,10 +6,11 @@
 //   node interop/cancel.js '{"redis": url, "queue": name, "op": "read", "ids": [...]}'
 //
 // work: adds the jobs ({name, data, opts}), runs a Worker whose processor takes (job, token, signal)
-// and, on each job's first attempt, calls worker.cancelJob(job.id, reason) once the job is active.
+// and, on each job's first attempt, calls worker.cancelJob(job.id, reason) once the processor has
+// started (its first act is job.updateProgress(1); the worker's 'progress' event triggers the cancel).
 // The processor's answer to the abort comes from job.data: {"unrecoverable": true} rejects with an
 // UnrecoverableError(signal.reason), {"ignore": true} ignores the signal and returns "ignored"
-// after 300 ms, otherwise it rejects with new Error(signal.reason); a retried attempt returns "done"
+// once it is aborted, otherwise it rejects with new Error(signal.reason); a retried attempt returns "done"
 // (interop/cancel_processor.js). With "sandboxed": true the processor runs in Node's child processes.
 // Prints {"ids": [...], "cancelled": {id: cancelJob's answer}, "jobs": [job, ...]} once every job
 // is finished. read: prints {"jobs": [job, ...]} (each as below, or null).
@@ -46,8 +47,8 @@ async function main() {
     const worker = new b.Worker(args.queue, proc, b.options({ autorun: false, concurrency: 4 }));
     worker.on('error', () => {});
     const cancelled = {};
-    worker.on('active', (job) => {
-      if (job.attemptsMade === 0) setTimeout(() => { cancelled[job.id] = worker.cancelJob(job.id, args.reason); }, 100);
+    worker.on('progress', (job) => {
+      if (job.attemptsMade === 0 && !(job.id in cancelled)) cancelled[job.id] = worker.cancelJob(job.id, args.reason);
     });
     const ids = [];
     for (const spec of args.jobs) ids.push((await queue.add(spec.name, spec.data || {}, spec.opts || {})).id);

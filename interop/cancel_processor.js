@@ -5,14 +5,19 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 module.exports = async function (job, token, signal) {
   if (job.attemptsMade > 0) return 'done';
-  if (job.data.ignore) { await sleep(300); return 'ignored'; }
+  // tells interop/cancel.js that the attempt has started: it cancels on this progress event, so the
+  // cancel can never reach the worker before the processor runs (a child process can start late)
+  await job.updateProgress(1);
+  if (job.data.ignore) {
+    // ignores the signal: waits until it was aborted, then completes all the same
+    for (let waited = 0; !signal.aborted && waited < 20000; waited += 20) await sleep(20);
+    return 'ignored';
+  }
   const { UnrecoverableError } = require('bullmq');
+  const abort = () => (job.data.unrecoverable ? new UnrecoverableError(String(signal.reason)) : new Error(String(signal.reason)));
+  if (signal.aborted) throw abort(); // the cancel can come while updateProgress is awaited
   return new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error('never cancelled')), 20000);
-    signal.addEventListener('abort', () => {
-      clearTimeout(timer);
-      if (job.data.unrecoverable) reject(new UnrecoverableError(String(signal.reason)));
-      else reject(new Error(String(signal.reason)));
-    }, { once: true });
+    signal.addEventListener('abort', () => { clearTimeout(timer); reject(abort()); }, { once: true });
   });
 };

@@ -76,8 +76,12 @@ async def cancel_twin(job: Any, token: str, signal: Any) -> Any:
     """interop/cancel_processor.js in Python, with add_listener as Node's addEventListener."""
     if job.attempts_made > 0:
         return "done"
+    await job.update_progress(1)
     if (job.data or {}).get("ignore"):
-        await asyncio.sleep(0.3)
+        for _ in range(1000):
+            if signal.aborted:
+                break
+            await asyncio.sleep(0.02)
         return "ignored"
     loop = asyncio.get_running_loop()
     outcome: asyncio.Future[Any] = loop.create_future()
@@ -87,7 +91,10 @@ async def cancel_twin(job: Any, token: str, signal: Any) -> Any:
             cls = UnrecoverableError if job.data.get("unrecoverable") else RuntimeError
             outcome.set_exception(cls(str(signal.reason)))
 
-    signal.add_listener(on_abort, once=True)
+    if signal.aborted:  # the cancel can come while update_progress is awaited
+        on_abort()
+    else:
+        signal.add_listener(on_abort, once=True)
     return await asyncio.wait_for(outcome, 20)
 
 

@@ -243,8 +243,9 @@ async def _py_twin(job: Job, token: str, signal: AbortSignal) -> Any:
     """interop/cancel_processor.js in Python."""
     if job.attempts_made > 0:
         return "done"
+    await job.update_progress(1)  # the test cancels on this event: never before the attempt started
     if job.data.get("ignore"):
-        await asyncio.sleep(0.3)
+        await asyncio.wait_for(signal.wait(), 20)  # ignores the signal: completes all the same
         return "ignored"
     got = await asyncio.wait_for(signal.wait(), 20)
     if job.data.get("unrecoverable"):
@@ -255,9 +256,9 @@ async def _py_twin(job: Job, token: str, signal: AbortSignal) -> Any:
 @pytest.mark.node
 @pytest.mark.parametrize("sandboxed", [False, True], ids=["in-process", "sandboxed"])
 async def test_cancellation_as_node_sees_it(redis_url: str, queue_name: str, sandboxed: bool) -> None:
-    """The same four jobs, each cancelled once active on its first attempt, by Node's Worker and by
-    ours (in-process, or both sandboxed: Node's child processes, our use_processes=True): Node reads
-    back the same state, attemptsMade, attemptsStarted, failedReason, returnvalue and stack trace count."""
+    """The same four jobs, each cancelled once its first attempt has started (on the processor's progress
+    event), by Node's Worker and by ours (in-process, or both sandboxed: Node's child processes, our
+    use_processes=True): Node reads back the same state, attemptsMade, attemptsStarted, failedReason, returnvalue and stack trace count."""
     reason = "cancelled by the operator"
     node_run = await run_script("cancel.js", {"redis": redis_url, "queue": f"{queue_name}-node", "op": "work",
                                               "jobs": JOBS, "reason": reason, "sandboxed": sandboxed})
@@ -266,12 +267,11 @@ async def test_cancellation_as_node_sees_it(redis_url: str, queue_name: str, san
                     use_processes=sandboxed)
     cancelled: dict[str, bool] = {}
 
-    def on_active(job: Job) -> None:
-        if job.attempts_made == 0:
-            asyncio.get_running_loop().call_later(
-                0.1, lambda: cancelled.__setitem__(str(job.id), worker.cancel_job(str(job.id), reason)))
+    def on_progress(job: Job, _progress: Any) -> None:
+        if job.attempts_made == 0 and str(job.id) not in cancelled:
+            cancelled[str(job.id)] = worker.cancel_job(str(job.id), reason)
 
-    worker.on("active", on_active)
+    worker.on("progress", on_progress)
     async with Queue(queue_name, connection=redis_url) as queue:
         ids = [(await queue.add(j["name"], j["data"], **j["opts"])).id for j in JOBS]
         async with running(worker):
