@@ -315,11 +315,26 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
             return list(await add_prepared(prepared))
         return list(await self.backend.add_jobs(prepared))
 
+    async def _add_sent(self, prepared: Sequence[Any]) -> list[Job]:
+        """Send prepared adds and make their Jobs: where the backend can write them before its
+        replies come (`submit_prepared`), the Jobs are built while Redis runs the adds."""
+        submit = getattr(self.backend, "submit_prepared", None)
+        pending = submit(prepared) if submit is not None else None
+        if pending is None:
+            results = await self._send(prepared)
+            return [self._job_from(p, self._check_result(p, r)) for p, r in zip(prepared, results)]
+        try:
+            jobs = [self._job_from(p, None) for p in prepared]
+        finally:
+            results = await pending
+        for job, p, result in zip(jobs, prepared, results):
+            job.id = codec.to_str(self._check_result(p, result))
+        return jobs
+
     async def _add_one(self, name: str, data: Any, opts: Mapping[str, Any]) -> Job:
         prepared = self._prepare(name, data, opts)
         await self.wait_until_ready()
-        result = (await self._send([prepared]))[0]
-        return self._job_from(prepared, self._check_result(prepared, result))
+        return (await self._add_sent([prepared]))[0]
 
     async def _add_emitting(self, name: str, data: Any, opts: Mapping[str, Any]) -> Job:
         job = await self._add_one(name, data, opts)
@@ -380,8 +395,7 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
                 raise InvalidArgument(f"add_bulk item {index} has no 'name'")
             prepared.append(self._prepare(item["name"], item.get("data"), item.get("opts") or {}))
         await self.wait_until_ready()
-        results = await self._send(prepared)
-        return [self._job_from(p, self._check_result(p, r)) for p, r in zip(prepared, results)]
+        return await self._add_sent(prepared)
 
     # -- reading --------------------------------------------------------------------------------
     async def get_job_counts(self, *types: str) -> dict[str, int]:

@@ -69,9 +69,14 @@ def loads(text: str) -> Any:
     return _json_decoder.decode(text)  # whitespace, trailing text, or not JSON: the full decoder's answer
 
 
+# one Packer for the process (msgpack.packb makes one per call, half of its cost); its pack runs
+# whole under the GIL, so threads sharing it cannot interleave
+_packer = msgpack.Packer(use_bin_type=True)
+
+
 def pack(value: Any) -> bytes:
     """msgpack as upstream's msgpackr packs script arguments (str as str, None as nil)."""
-    packed: bytes = msgpack.packb(value, use_bin_type=True)
+    packed: bytes = _packer.pack(value)
     return packed
 
 

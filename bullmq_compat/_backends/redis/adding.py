@@ -1,7 +1,6 @@
 """Turning one `add` into one upstream script call, choosing the script the way Node does."""
 from __future__ import annotations
 
-import functools
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
@@ -35,15 +34,22 @@ class PreparedAdd:
 def check_job_name(name: Any) -> str:
     if not isinstance(name, str):
         raise InvalidArgument(f"job name {name!r} must be a str")
-    if not codec.is_utf8(name):
+    if not name.isascii() and not codec.is_utf8(name):
         raise InvalidArgument(f"job name {name!r} is not valid UTF-8 text (a lone surrogate)")
     return name
 
 
-@functools.lru_cache(maxsize=256)
 def _add_keys(keys: QueueKeys) -> tuple[tuple[str, ...], ...]:
     """The KEYS of addParentJob, addDelayedJob, addPrioritizedJob and addStandardJob for a queue
-    (made once per queue, not per add)."""
+    (made once per queue and kept on its keys, not per add)."""
+    made: Optional[tuple[tuple[str, ...], ...]] = keys.__dict__.get("_add_keys")
+    if made is None:
+        made = _make_add_keys(keys)
+        object.__setattr__(keys, "_add_keys", made)  # QueueKeys is frozen: a cache, not a field
+    return made
+
+
+def _make_add_keys(keys: QueueKeys) -> tuple[tuple[str, ...], ...]:
     return (
         (keys.meta, keys.id, keys.delayed, keys.waiting_children, keys.completed, keys.events),
         (keys.marker, keys.meta, keys.id, keys.delayed, keys.completed, keys.events),
@@ -71,9 +77,10 @@ def prepare_add(keys: QueueKeys, name: str, data: Any, opts: Mapping[str, Any], 
             f"the data of job {name!r} is {len(data_json.encode('utf-8'))} bytes, over size_limit={size_limit}")
     timestamp = int(opts.get("timestamp") or time.time() * 1000)
     job_id = opts.get("jobId") if job_id is None else job_id
-    opts = dict(opts)
-    order_ms = opts.pop("order_ms", None)
-    order_ms = opts.pop("orderMs", order_ms)
+    opts = dict(opts)  # its own copy: the PreparedAdd keeps it
+    order_ms = opts.pop("order_ms", None) if "order_ms" in opts else None
+    if "orderMs" in opts:
+        order_ms = opts.pop("orderMs")
     group = opts.get("group")  # checked with its options by the caller (check_group_combination)
     wire_opts = to_wire(opts)
     dedup = opts.get("deduplication")
@@ -112,7 +119,7 @@ def prepare_add(keys: QueueKeys, name: str, data: Any, opts: Mapping[str, Any], 
         script = scripts["addStandardJob"]
         script_keys = list(_add_keys(keys)[3])
     return PreparedAdd(
-        name=name, data=data if data is not None else {}, data_json=data_json, opts=dict(opts),
+        name=name, data=data if data is not None else {}, data_json=data_json, opts=opts,
         wire_opts=wire_opts, timestamp=timestamp, job_id=job_id, script=script, keys=script_keys,
         args=[codec.pack(args), data_json, codec.pack(wire_opts), *extra_args],
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Awaitable, Mapping, Optional, Sequence
 
 import redis.exceptions as redis_exc
 
@@ -156,9 +156,18 @@ class RedisBackend(QueueBackend):
         channel = self._fast or await self.fast_channel()
         if channel is None:
             return list(await self.runner.call_many(list(calls)))
-        if len(calls) == 1:
-            return [await channel.call_one(calls[0])]
         return list(await channel.call_many(list(calls), raise_errors=False))
+
+    def submit_prepared(self, prepared: Sequence[PreparedAdd]) -> Optional[Awaitable[list[Any]]]:
+        """`add_prepared` in two steps: the adds are written now, and the awaitable returned gives
+        their replies, so that the caller works (builds its Job objects) while Redis runs them.
+        None where that does not serve (no fast channel open yet): then call `add_prepared`."""
+        channel = self._fast
+        if not channel:
+            return None
+        calls = [(p.script, p.keys, p.args) for p in prepared]
+        futures = channel.submit(calls)
+        return None if futures is None else channel.collect(calls, futures, raise_errors=False)
 
     async def _run(self, script: Any, keys: list[Any], args: list[Any], *, job_id: str = "",
                    state: str = "", command: str = "") -> Any:

@@ -7,7 +7,7 @@ redis-py one serves what the fast path cannot (Redis Cluster, Sentinel-managed p
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import redis.asyncio as aioredis
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -166,52 +166,51 @@ class FastChannel(Channel):
                 raise
         return await conn.execute(b"EVAL", script.lua, num_keys, *argv)
 
-    async def call_one(self, call: Call) -> Any:
-        """``call_many([call], raise_errors=False)[0]`` without its lists (one add at a time)."""
-        script, keys, args = call
+    def submit(self, calls: Sequence[Call]) -> Optional[list["asyncio.Future[Any]"]]:
+        """Write ``calls`` now (no await) and return their replies' futures, for `collect`; None
+        while no connection is open (then `call_many` opens one). The caller can do other work
+        while Redis runs them: the Job objects of an add are built in that time."""
         conn = self._conn
         if conn is None or conn.closed:
-            conn = await self._connection()
-        argv = _argv(keys, args)
-        try:
-            return await conn.execute(b"EVALSHA", script.sha, len(keys), *argv)
-        except ReplyError as err:
-            if err.code != "NOSCRIPT":
-                return err
-        except Exception as err:
-            return err
-        try:  # it never ran: load it by running it with EVAL
-            return await conn.execute(b"EVAL", script.lua, len(keys), *argv)
-        except Exception as err:
-            return err
-
-    async def call_many(self, calls: list[Call], raise_errors: bool = True) -> list[Any]:
-        """With ``raise_errors=False`` each failed call's exception is returned in its place."""
-        # all queued in this tick: one connection, one write, run by Redis in this order
-        conn = self._conn
-        if conn is None or conn.closed:
-            conn = await self._connection()
+            return None
         execute = conn.execute
-        futures = [execute(b"EVALSHA", script.sha, len(keys), *keys, *("" if a is None else a for a in args))
-                   for script, keys, args in calls]
+        return [execute(b"EVALSHA", script.sha, len(keys), *keys, *("" if a is None else a for a in args))
+                for script, keys, args in calls]
+
+    async def collect(self, calls: Sequence[Call], futures: list["asyncio.Future[Any]"],
+                      raise_errors: bool = True) -> list[Any]:
+        """The replies of `submit`; with ``raise_errors=False`` each failed call's exception is
+        returned in its place. A call Redis lacked the script of is run again with its text."""
         results: list[Any] = []
         first_error: Optional[BaseException] = None
         for (script, keys, args), future in zip(calls, futures):
             try:
-                results.append(await future)
-            except ReplyError as err:
-                if err.code == "NOSCRIPT":  # it never ran: load it by running it with EVAL
-                    results.append(await execute(b"EVAL", script.lua, len(keys), *keys,
-                                                 *("" if a is None else a for a in args)))
+                try:
+                    results.append(await future)
                     continue
-                results.append(err)
-                first_error = first_error or err
+                except ReplyError as err:
+                    if err.code != "NOSCRIPT":
+                        raise
+                # it never ran: load it by running it with EVAL
+                conn = await self._connection()
+                results.append(await conn.execute(b"EVAL", script.lua, len(keys), *keys,
+                                                  *("" if a is None else a for a in args)))
             except Exception as err:
                 results.append(err)
                 first_error = first_error or err
         if first_error is not None and raise_errors:
             raise first_error
         return results
+
+    async def call_many(self, calls: list[Call], raise_errors: bool = True) -> list[Any]:
+        """With ``raise_errors=False`` each failed call's exception is returned in its place."""
+        # all queued in this tick: one connection, one write, run by Redis in this order
+        futures = self.submit(calls)
+        if futures is None:
+            await self._connection()
+            futures = self.submit(calls)
+            assert futures is not None
+        return await self.collect(calls, futures, raise_errors)
 
     async def wait_marker(self, marker_key: str, timeout: float) -> Optional[tuple[str, float]]:
         conn = self._blocking
