@@ -323,6 +323,10 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
         if pending is None:
             results = await self._send(prepared)
             return [self._job_from(p, self._check_result(p, r)) for p, r in zip(prepared, results)]
+        return await self._jobs_of(prepared, pending)
+
+    async def _jobs_of(self, prepared: Sequence[Any], pending: Awaitable[list[Any]]) -> list[Job]:
+        """The Jobs of adds already written, built before their replies are read."""
         try:
             jobs = [self._job_from(p, None) for p in prepared]
         finally:
@@ -383,7 +387,7 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
         return await self._add_bulk(jobs)
 
     async def _add_bulk(self, jobs: Sequence[Mapping[str, Any]]) -> list[Job]:
-        prepared: list[Any] = []
+        new_jobs: list[NewJob] = []
         for index, item in enumerate(jobs):
             if not isinstance(item, Mapping):
                 raise InvalidArgument(f"add_bulk item {index} ({item!r}) must be a dict with name, data, opts")
@@ -393,9 +397,20 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
                     f"add_bulk item {index} has unknown keys {sorted(unknown)}; use name, data, opts")
             if "name" not in item:
                 raise InvalidArgument(f"add_bulk item {index} has no 'name'")
-            prepared.append(self._prepare(item["name"], item.get("data"), item.get("opts") or {}))
+            new_jobs.append(self._new_job(item["name"], item.get("data"), item.get("opts") or {}))
+        check = getattr(self.backend, "check_add", None)
+        if check is None:  # a backend without that split (PostgreSQL prepares nothing: add_jobs checks)
+            prepare = getattr(self.backend, "prepare", None)
+            prepared = [prepare(job) for job in new_jobs] if prepare is not None else new_jobs
+            await self.wait_until_ready()
+            return await self._add_sent(prepared)
+        data_json = [check(job) for job in new_jobs]  # all of them before anything is sent
         await self.wait_until_ready()
-        return await self._add_sent(prepared)
+        backend: Any = self.backend  # a backend with check_add has submit_new and prepare
+        started = backend.submit_new(new_jobs, data_json)
+        if started is not None:  # each prepared and written in turn: Redis starts on the first at once
+            return await self._jobs_of(*started)
+        return await self._add_sent([backend.prepare(job, data_json=text) for job, text in zip(new_jobs, data_json)])
 
     # -- reading --------------------------------------------------------------------------------
     async def get_job_counts(self, *types: str) -> dict[str, int]:

@@ -84,3 +84,29 @@ def test_pack_after_a_refusal_holds_nothing_of_it() -> None:
     with pytest.raises(TypeError):
         codec.pack([1, object()])
     assert codec.pack([1, 2]) == b"\x92\x01\x02"
+
+
+@pytest.mark.parametrize("bad", [{"name": "x", "data": {"o": object()}}, {"name": 5, "data": {}},
+                                 {"name": "x", "data": {"big": "y" * 100}, "opts": {"size_limit": 10}},
+                                 {"name": "x", "data": {"s": "\ud800"}}])
+async def test_add_bulk_refuses_a_bad_job_anywhere_with_nothing_written(redis_url: str, queue_name: str,
+                                                                        bad: dict[str, Any]) -> None:
+    """Each job of an add_bulk is sent as soon as it is encoded, but only once every job has passed
+    its checks: a bad one at the end still leaves nothing written."""
+    async with Queue(queue_name, connection=redis_url) as queue:
+        await _fast_open(queue)
+        items = [{"name": "ok", "data": {"i": i}} for i in range(400)] + [bad]
+        with pytest.raises(BullMQCompatError):
+            await queue.add_bulk(items)
+        assert await queue.get_job_counts("waiting") == {"waiting": 1}  # the warm-up job only
+        assert len(await queue.add_bulk(items[:-1])) == 400
+
+
+async def test_add_bulk_of_group_and_delayed_jobs_goes_the_same_way(redis_url: str, queue_name: str) -> None:
+    async with Queue(queue_name, connection=redis_url) as queue:
+        await _fast_open(queue)
+        jobs = await queue.add_bulk([{"name": "g", "data": {}, "opts": {"group": {"id": "a"}}},
+                                     {"name": "d", "data": {}, "opts": {"delay": 60_000}},
+                                     {"name": "p", "data": {}, "opts": {"priority": 3}}])
+        assert [await j.get_state() for j in jobs][1:] == ["delayed", "prioritized"]
+        assert all(j.id for j in jobs)

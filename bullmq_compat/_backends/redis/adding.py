@@ -60,21 +60,33 @@ def _make_add_keys(keys: QueueKeys) -> tuple[tuple[str, ...], ...]:
     )
 
 
-def prepare_add(keys: QueueKeys, name: str, data: Any, opts: Mapping[str, Any], *,
-                parent_key: Optional[str] = None, parent_dependencies_key: Optional[str] = None,
-                parent: Optional[Mapping[str, Any]] = None, add_to_waiting_children: bool = False,
-                defer_parent_release: bool = False, job_id: Optional[str] = None) -> PreparedAdd:
-    """Validate and encode one job; ``opts`` is already normalised and merged (Node form).
-
-    ``job_id`` is an id chosen by the caller without storing it in the options (as Node's
-    FlowProducer does with the ids it generates); by default the id is ``opts["jobId"]``.
-    """
+def checked_data(name: Any, data: Any, opts: Mapping[str, Any]) -> str:
+    """What can refuse a job whose options are normalised: its name, its data (JSON text, returned)
+    and the data's size. What `prepare_add` does after this cannot fail (every option value was
+    checked packable as it was normalised), so an add_bulk checks every job with this first and
+    then prepares and sends them one after another (`RedisBackend.submit_new`)."""
     check_job_name(name)
     data_json = codec.dumps({} if data is None else data)
     size_limit = opts.get("sizeLimit")
     if size_limit and len(data_json.encode("utf-8")) > size_limit:
         raise InvalidJobOptions(
             f"the data of job {name!r} is {len(data_json.encode('utf-8'))} bytes, over size_limit={size_limit}")
+    return data_json
+
+
+def prepare_add(keys: QueueKeys, name: str, data: Any, opts: Mapping[str, Any], *,
+                parent_key: Optional[str] = None, parent_dependencies_key: Optional[str] = None,
+                parent: Optional[Mapping[str, Any]] = None, add_to_waiting_children: bool = False,
+                defer_parent_release: bool = False, job_id: Optional[str] = None,
+                data_json: Optional[str] = None) -> PreparedAdd:
+    """Validate and encode one job; ``opts`` is already normalised and merged (Node form).
+
+    ``job_id`` is an id chosen by the caller without storing it in the options (as Node's
+    FlowProducer does with the ids it generates); by default the id is ``opts["jobId"]``.
+    ``data_json``: what `checked_data` gave for this job (then it is not checked again).
+    """
+    if data_json is None:
+        data_json = checked_data(name, data, opts)
     timestamp = int(opts.get("timestamp") or time.time() * 1000)
     job_id = opts.get("jobId") if job_id is None else job_id
     opts = dict(opts)  # its own copy: the PreparedAdd keeps it

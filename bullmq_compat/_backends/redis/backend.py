@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-from typing import Any, Awaitable, Mapping, Optional, Sequence
+from typing import Any, Awaitable, Iterator, Mapping, Optional, Sequence
 
 import redis.exceptions as redis_exc
 
@@ -12,14 +12,14 @@ from bullmq_compat._backends.base import (
     EventsReader, FinishJob, JobFields, NewJob, NextJob, QueueBackend, QueueFigures, WorkerChannel,
     WorkerSettings, metrics_total,
 )
-from bullmq_compat._backends.redis.adding import PreparedAdd, prepare_add
+from bullmq_compat._backends.redis.adding import PreparedAdd, checked_data, prepare_add
 from bullmq_compat._backends.redis.channel import Channel, FastChannel, blocking_client, open_channel
 from bullmq_compat._backends.redis.connection import Connection, RedisHandle
 from bullmq_compat._backends.redis.fastconn import FastPathUnavailable
 from bullmq_compat._backends.redis.keys import QueueKeys
 from bullmq_compat._backends.redis.lua import Script, own_script, upstream_scripts
 from bullmq_compat._backends.redis.runner import Call, ScriptRunner, _argv
-from bullmq_compat._backends.redis.worker_calls import WorkerCalls, WorkerWireOptions, parse_next_job
+from bullmq_compat._backends.redis.worker_calls import Call, WorkerCalls, WorkerWireOptions, parse_next_job
 from bullmq_compat._errors import BullMQCompatError, InvalidArgument, script_error
 from bullmq_compat._wire import codec
 
@@ -177,7 +177,33 @@ class RedisBackend(QueueBackend):
         return result
 
     # -- adding ------------------------------------------------------------------------------
-    def prepare(self, job: NewJob, **link: Any) -> PreparedAdd:
+    def check_add(self, job: NewJob) -> str:
+        """Everything that can refuse ``job`` (its data's JSON text is returned, for `submit_new`)."""
+        return checked_data(job.name, job.data, job.opts)
+
+    def submit_new(self, jobs: Sequence[NewJob], data_json: Sequence[str]
+                   ) -> Optional[tuple[list[PreparedAdd], Awaitable[list[Any]]]]:
+        """`submit_prepared` for jobs `check_add` passed: each is prepared and written in turn, so
+        Redis runs the first adds while the later ones are still being encoded. The prepared adds
+        and the awaitable of their replies; None where that does not serve (then prepare and send)."""
+        channel = self._fast
+        if not channel or not channel.is_open:
+            return None
+        prepared: list[PreparedAdd] = []
+        calls: list[Call] = []
+
+        def each() -> Iterator[Call]:
+            for job, text in zip(jobs, data_json):
+                p = self.prepare(job, data_json=text)
+                prepared.append(p)
+                call = (p.script, p.keys, p.args)
+                calls.append(call)
+                yield call
+        futures = channel.submit(each())
+        assert futures is not None
+        return prepared, channel.collect(calls, futures, raise_errors=False)
+
+    def prepare(self, job: NewJob, *, data_json: Optional[str] = None, **link: Any) -> PreparedAdd:
         """Validate and encode one add (refusing bad input before anything is sent)."""
         opts = job.opts
         parent = opts.get("parent")
@@ -192,7 +218,7 @@ class RedisBackend(QueueBackend):
                     parent_link[short] = True
             link = {"parent_key": parent_key, "parent_dependencies_key": f"{parent_key}:dependencies",
                     "parent": parent_link, **link}
-        return prepare_add(self.keys, job.name, job.data, opts, **link)
+        return prepare_add(self.keys, job.name, job.data, opts, data_json=data_json, **link)
 
     async def add_prepared(self, prepared: Sequence[PreparedAdd]) -> list[Any]:
         """Send prepared adds in one round trip; per item the id, or the error (an int code < 0 or

@@ -7,7 +7,7 @@ redis-py one serves what the fast path cannot (Redis Cluster, Sentinel-managed p
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import redis.asyncio as aioredis
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -166,7 +166,12 @@ class FastChannel(Channel):
                 raise
         return await conn.execute(b"EVAL", script.lua, num_keys, *argv)
 
-    def submit(self, calls: Sequence[Call]) -> Optional[list["asyncio.Future[Any]"]]:
+    @property
+    def is_open(self) -> bool:
+        """A connection is open: `submit` writes at once."""
+        return self._conn is not None and not self._conn.closed
+
+    def submit(self, calls: Iterable[Call]) -> Optional[list["asyncio.Future[Any]"]]:
         """Write ``calls`` now (no await) and return their replies' futures, for `collect`; None
         while no connection is open (then `call_many` opens one). The caller can do other work
         while Redis runs them: the Job objects of an add are built in that time."""
