@@ -113,10 +113,14 @@ class QueueBase(EventEmitter):
             self._plain_channel = channel
         return channel
 
+    def _readied(self) -> bool:
+        """`wait_until_ready` has succeeded (a hot path's check, without awaiting it)."""
+        ready = self._ready
+        return ready is not None and ready.done() and not ready.cancelled() and ready.exception() is None
+
     async def wait_until_ready(self) -> None:
         """Check once that the datastore answers (naming where, without secrets) and run first-use set-up."""
-        ready = self._ready
-        if ready is not None and ready.done() and not ready.cancelled() and ready.exception() is None:
+        if self._readied():
             return  # every call after the first: no shield, no task
         if self._ready is None:
             self._ready = asyncio.ensure_future(self._first_use())
@@ -337,8 +341,15 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
 
     async def _add_one(self, name: str, data: Any, opts: Mapping[str, Any]) -> Job:
         prepared = self._prepare(name, data, opts)
-        await self.wait_until_ready()
-        return (await self._add_sent([prepared]))[0]
+        if not self._readied():
+            await self.wait_until_ready()
+        submit = getattr(self.backend, "submit_one", None)
+        pending = submit(prepared) if submit is not None else None
+        if pending is None:
+            return (await self._add_sent([prepared]))[0]
+        job = self._job_from(prepared, None)  # while Redis runs the add
+        job.id = codec.to_str(self._check_result(prepared, await pending))
+        return job
 
     async def _add_emitting(self, name: str, data: Any, opts: Mapping[str, Any]) -> Job:
         job = await self._add_one(name, data, opts)
@@ -353,7 +364,9 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
         """
         if self.telemetry is not None:
             return await self._add_traced(name, data, opts)
-        return await self._add_emitting(name, data, opts)
+        job = await self._add_one(name, data, opts)
+        self.emit("waiting", job)  # as _add_emitting, one coroutine less
+        return job
 
     @staticmethod
     def _with_trace_context(opts: Mapping[str, Any], metadata: str) -> dict[str, Any]:

@@ -177,6 +177,15 @@ class RedisBackend(QueueBackend):
         return result
 
     # -- adding ------------------------------------------------------------------------------
+    def submit_one(self, prepared: PreparedAdd) -> Optional[Awaitable[Any]]:
+        """`submit_prepared` of one add (its reply, not a list of one)."""
+        channel = self._fast
+        if not channel:
+            return None
+        call = (prepared.script, prepared.keys, prepared.args)
+        future = channel.submit_one(call)
+        return None if future is None else channel.reply_of(call, future)
+
     def check_add(self, job: NewJob) -> str:
         """Everything that can refuse ``job`` (its data's JSON text is returned, for `submit_new`)."""
         return checked_data(job.name, job.data, job.opts)

@@ -182,6 +182,25 @@ class FastChannel(Channel):
         return [execute(b"EVALSHA", script.sha, len(keys), *keys, *("" if a is None else a for a in args))
                 for script, keys, args in calls]
 
+    def submit_one(self, call: Call) -> Optional["asyncio.Future[Any]"]:
+        """`submit` of one call, without its lists (one add at a time); read it with `reply_of`."""
+        conn = self._conn
+        if conn is None or conn.closed:
+            return None
+        script, keys, args = call
+        return conn.execute(b"EVALSHA", script.sha, len(keys), *keys, *("" if a is None else a for a in args))
+
+    async def reply_of(self, call: Call, future: "asyncio.Future[Any]") -> Any:
+        """`collect` of one `submit_one`: the reply, or the exception in its place."""
+        try:
+            return await future
+        except ReplyError as err:
+            if err.code != "NOSCRIPT":
+                return err
+        except Exception as err:
+            return err
+        return (await self.collect([call], [future], raise_errors=False))[0]  # runs it with its text
+
     async def collect(self, calls: Sequence[Call], futures: list["asyncio.Future[Any]"],
                       raise_errors: bool = True) -> list[Any]:
         """The replies of `submit`; with ``raise_errors=False`` each failed call's exception is
