@@ -19,7 +19,7 @@ from bullmq_compat._backends.redis.fastconn import FastPathUnavailable
 from bullmq_compat._backends.redis.keys import QueueKeys
 from bullmq_compat._backends.redis.lua import Script, own_script, upstream_scripts
 from bullmq_compat._backends.redis.runner import Call, ScriptRunner, _argv
-from bullmq_compat._backends.redis.worker_calls import Call, WorkerCalls, WorkerWireOptions, parse_next_job
+from bullmq_compat._backends.redis.worker_calls import WorkerCalls, WorkerWireOptions, parse_next_job
 from bullmq_compat._errors import BullMQCompatError, InvalidArgument, script_error
 from bullmq_compat._wire import codec
 
