@@ -190,6 +190,8 @@ async def test_job_stalling_too_often_fails_as_node_says(redis_url: str, queue_n
         async with running(worker, force_close=True):
             job = await queue.add("flaky", {})
             await wait_state(queue, job.id, "failed", 8)
+            # Redis holds it failed a moment before the worker reads the reply and emits 'failed'
+            await wait_until(lambda: failed_events, 15, "the worker's 'failed' event")
         failed = await queue.get_job(job.id)
         assert failed is not None
         assert failed.failed_reason == STALLED_REASON
