@@ -10,9 +10,10 @@ from typing import Any, Callable
 
 import pytest
 
-from bullmq_compat import Job, Queue, UnrecoverableError, WaitingChildrenError, Worker
+from bullmq_compat import Job, Queue, WaitingChildrenError, Worker
 from tests.node import NodeProcess, node
 from tests.helpers import wait_until
+from tests.processors import behave
 
 pytestmark = pytest.mark.node
 
@@ -27,22 +28,11 @@ class Behave:
     async def __call__(self, job: Job) -> Any:
         self.order.append(str(job.id))
         self.starts.setdefault(str(job.id), []).append(time.time())
-        behave = job.data.get("behave") if isinstance(job.data, dict) else None
-        if not behave:
-            return {"py": job.data}
-        if behave.get("sleepMs"):
-            await asyncio.sleep(behave["sleepMs"] / 1000)
-        if "unrecoverable" in behave:
-            raise UnrecoverableError(behave["unrecoverable"])
-        if "fail" in behave:
-            raise RuntimeError(behave["fail"])
-        if "failTimes" in behave:
-            if job.attempts_made < behave["failTimes"]:
-                raise RuntimeError(behave.get("message", "failing on purpose"))
-            return {"ok": True, "attempt": job.attempts_made + 1}
-        if "return" in behave:
-            return behave["return"]
-        return {"py": job.data}
+        result = await behave(job)
+        todo = job.data.get("behave") if isinstance(job.data, dict) else None
+        if todo and "failTimes" in todo:  # which attempt got through, for the retry tests
+            result = {**result, "attempt": job.attempts_made + 1}
+        return result
 
 
 async def python_worker_until(redis_url: str, queue_name: str, processor: Any, done: Callable[[], Any],

@@ -89,6 +89,12 @@ class Channel:
         raise NotImplementedError
 
 
+def _evalsha(execute: Any, call: Call) -> "asyncio.Future[Any]":
+    """Write one script call as EVALSHA (None arguments sent as empty strings); its reply's future."""
+    script, keys, args = call
+    return execute(b"EVALSHA", script.sha, len(keys), *_argv(keys, args))  # type: ignore[no-any-return]
+
+
 class FastChannel(Channel):
     """One pipelined connection for calls and one for the blocking wait, reopened when lost."""
 
@@ -187,16 +193,14 @@ class FastChannel(Channel):
         if conn is None or conn.closed:
             return None
         execute = conn.execute
-        return [execute(b"EVALSHA", script.sha, len(keys), *keys, *("" if a is None else a for a in args))
-                for script, keys, args in calls]
+        return [_evalsha(execute, call) for call in calls]
 
     def submit_one(self, call: Call) -> Optional["asyncio.Future[Any]"]:
         """`submit` of one call, without its lists (one add at a time); read it with `reply_of`."""
         conn = self._conn
         if conn is None or conn.closed:
             return None
-        script, keys, args = call
-        return conn.execute(b"EVALSHA", script.sha, len(keys), *keys, *("" if a is None else a for a in args))
+        return _evalsha(conn.execute, call)
 
     async def reply_of(self, call: Call, future: "asyncio.Future[Any]") -> Any:
         """`collect` of one `submit_one`: the reply, or the exception in its place."""
@@ -225,8 +229,7 @@ class FastChannel(Channel):
                         raise
                 # it never ran: load it by running it with EVAL
                 conn = await self._connection()
-                results.append(await conn.execute(b"EVAL", script.lua, len(keys), *keys,
-                                                  *("" if a is None else a for a in args)))
+                results.append(await conn.execute(b"EVAL", script.lua, len(keys), *_argv(keys, args)))
             except Exception as err:
                 results.append(err)
                 first_error = first_error or err
