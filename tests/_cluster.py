@@ -172,10 +172,11 @@ class LocalSentinel:
         return (fields.get("port") == str(self.replica.port) and fields.get("master-link-status") == "ok"
                 and "down" not in fields.get("flags", ""))
 
-    def failover(self, timeout: float = 30.0) -> int:
+    def failover(self, timeout: float = 60.0) -> int:
         """``SENTINEL FAILOVER``; waits until the sentinel names the other server as master and that
         server says it is one (the old master is turned into a replica ~10 s later, by the
-        sentinels' next INFO round). Returns the new master's port."""
+        sentinels' next INFO round). Returns the new master's port. The bound is generous: a full
+        `make test` once saw no promotion within 30 s."""
         old = self.master_port()
         deadline = time.monotonic() + timeout
         while True:
