@@ -36,6 +36,7 @@ class EventEmitter:
     def __init__(self) -> None:
         self._listeners: dict[str, list[tuple[Listener, bool, Optional[int]]]] = {}
         self._listener_tasks: set[asyncio.Task[Any]] = set()
+        self._once_events: set[str] = set()  # the events that may have a `once` listener
 
     def on(self, event: str, listener: Listener) -> "EventEmitter":
         """Call ``listener`` each time ``event`` happens, e.g. ``worker.on("completed", cb)``."""
@@ -45,6 +46,7 @@ class EventEmitter:
     def once(self, event: str, listener: Listener) -> "EventEmitter":
         """Call ``listener`` once, the next time ``event`` happens."""
         self._listeners.setdefault(event, []).append((listener, True, _arity(listener)))
+        self._once_events.add(event)
         return self
 
     def off(self, event: str, listener: Listener) -> "EventEmitter":
@@ -64,7 +66,8 @@ class EventEmitter:
             if event == "error" and args:
                 logger.error("unhandled 'error' event: %s", args[0])
             return False
-        if any(entry[1] for entry in entries):
+        if event in self._once_events:  # a worker emits twice per job: no scan of the list when none was added
+            self._once_events.discard(event)
             self._listeners[event] = [entry for entry in entries if not entry[1]]
         for listener, _, arity in entries:
             try:

@@ -179,7 +179,7 @@ class Job(FlowJobMixin):
     def from_raw(cls, queue: "QueueBase", job_id: str, raw: Mapping[str, str]) -> "Job":
         """Build a Job from its hash fields, as upstream stores them."""
         get = raw.get
-        problems: list[str] = []
+        problems: Optional[list[str]] = None  # what makes the hash unreadable as a job; the usual: nothing
         data_text = get("data")
         if data_text is None:
             data: Any = {}
@@ -188,19 +188,25 @@ class Job(FlowJobMixin):
                 data = codec.loads(data_text)
             except ValueError as err:
                 data = data_text
-                problems.append(f"data is not JSON ({err})")
+                problems = [f"data is not JSON ({err})"]
         opts, opts_problem = _stored_opts(get("opts") or "{}")
-        if opts_problem is not None:
-            problems.append(opts_problem)
-        if "name" not in raw:
-            problems.append("the job hash has no name")
-        job = cls(queue, get("name", ""), data, opts, job_id)
+        if opts_problem is not None or "name" not in raw:
+            problems = [*(problems or ()), *([opts_problem] if opts_problem else []),
+                        *([] if "name" in raw else ["the job hash has no name"])]
+        # every attribute set once, from the hash, in the constructor's order (the constructor's
+        # defaults would only be overwritten): a worker builds one Job per job it takes
+        job = cls.__new__(cls)
+        job.queue = queue
+        job.id = job_id
+        job.name = get("name", "")
+        job.data = {} if data is None else data
+        job.opts = opts = dict(opts)
         try:  # the usual hash: every number a plain integer (else each is read as _int reads it)
             job.timestamp = int(get("timestamp") or 0)
             job.delay = int(get("delay") or 0)
             job.priority = int(get("priority") or 0)
-            job.attempts_started = int(get("ats") or 0)
             job.attempts_made = int(get("attemptsMade") or 0) or int(get("atm") or 0)
+            job.attempts_started = int(get("ats") or 0)
             job.stalled_counter = int(get("stc") or 0)
             value = get("processedOn")
             job.processed_on = None if value is None else int(value)
@@ -210,30 +216,34 @@ class Job(FlowJobMixin):
             job.timestamp = _int(raw, "timestamp") or 0
             job.delay = _int(raw, "delay") or 0
             job.priority = _int(raw, "priority") or 0
-            job.attempts_started = _int(raw, "ats") or 0
             job.attempts_made = _int(raw, "attemptsMade", None) or _int(raw, "atm") or 0
+            job.attempts_started = _int(raw, "ats") or 0
             job.stalled_counter = _int(raw, "stc") or 0
             job.processed_on = _int(raw, "processedOn", None)
             job.finished_on = _int(raw, "finishedOn", None)
         # the fields below are absent from a job that is not finished, retried or a flow's
-        if "progress" in raw:
-            job.progress = _json(raw["progress"], raw["progress"])
-        if "returnvalue" in raw:
-            job.returnvalue = _json(raw["returnvalue"], raw["returnvalue"])
+        job.returnvalue = _json(raw["returnvalue"], raw["returnvalue"]) if "returnvalue" in raw else None
         job.failed_reason = get("failedReason")
+        job.stacktrace = []
         if "stacktrace" in raw:
             traces = _json(raw["stacktrace"], [])
-            job.stacktrace = traces if isinstance(traces, list) else []
+            if isinstance(traces, list):
+                job.stacktrace = traces
+        job.progress = _json(raw["progress"], raw["progress"]) if "progress" in raw else 0
         job.parent_key = get("parentKey") or None
-        if "parent" in raw:
-            job.parent = _json(raw["parent"], None)
+        job.parent = _json(raw["parent"], None) if "parent" in raw else None
         job.repeat_job_key = get("rjk")
         job.deduplication_id = get("deid")
         job.processed_by = get("pb")
-        if "gid" in raw:
-            job.group_id = _group_id(raw["gid"]) or job.group_id
+        group_id = _group_id(raw["gid"]) if "gid" in raw else None
+        if group_id is None and "group" in opts:
+            group = opts["group"]
+            group_id = _group_id(group.get("id")) if isinstance(group, dict) else None
+        job.group_id = group_id
+        job.token = None
+        job.parse_error = "; ".join(problems) if problems else None
+        job.error = None
         job.deferred_failure = get("defa") or None
-        job.parse_error = "; ".join(problems) or None
         return job
 
     # -- Node's static constructors -------------------------------------------------------
@@ -490,8 +500,16 @@ class Job(FlowJobMixin):
         channel = getattr(self.queue, "_channel", None)  # a running Worker's: no coroutine to await
         if channel is None:
             channel = await self._channel()
-        reply = await self.queue.finishing(lambda: channel.move_to_finished(
-            str(self.id), self.opts, "completed", value, token, now, fetch_next, group_id=self.group_id))
+        def send() -> Any:
+            return channel.move_to_finished(
+                str(self.id), self.opts, "completed", value, token, now, fetch_next, group_id=self.group_id)
+
+        try:  # the first attempt here: one coroutine less per job; the queue's retrying after trouble
+            reply = await send()
+        except Exception as err:
+            reply = await self.queue.finishing(send, err)
+        else:
+            self.queue._connection_ok()
         self.returnvalue = return_value
         self.finished_on = now
         self.attempts_made += 1

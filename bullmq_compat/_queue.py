@@ -100,9 +100,15 @@ class QueueBase(EventEmitter):
     backoff_strategy: Any = None
     max_started_attempts: Optional[int] = None
 
-    async def finishing(self, send: Callable[[], Awaitable[Any]]) -> Any:
-        """Send one finishing call (a Worker sends it again through connection trouble)."""
+    async def finishing(self, send: Callable[[], Awaitable[Any]], failed: Optional[Exception] = None) -> Any:
+        """Send one finishing call (a Worker sends it again through connection trouble); ``failed``:
+        what the caller's own first attempt raised (a Queue does not send again)."""
+        if failed is not None:
+            raise failed
         return await send()
+
+    def _connection_ok(self) -> None:
+        """A finishing call went through (a Worker notes the end of connection trouble)."""
 
     async def worker_channel(self) -> WorkerChannel:
         """The channel finishing calls go through; a Queue opens a plain one on first use."""

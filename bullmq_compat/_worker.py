@@ -228,6 +228,7 @@ class Worker(LockKeepingMixin, QueueBase):
         # as Node: a signal (an AbortController per job) only for a processor that takes one; sandboxed always
         self._wants_signal = self._arity >= 3 or use_processes
         self._is_async = bool(self.processor and inspect.iscoroutinefunction(self.processor))
+        self._calls_directly = self._is_async and self._arity == 1 and not use_processes
         self._run_task: Optional[asyncio.Task[None]] = None
         self._autorun_task: Optional[asyncio.Task[None]] = None
         self.autorun = bool(autorun)
@@ -515,7 +516,8 @@ class Worker(LockKeepingMixin, QueueBase):
 
     def _job_from_reply(self, reply: Optional[NextJob], token: str) -> Optional[Job]:
         raw, job_id, limit_delay, delay_until = reply or (None, None, 0, 0)
-        self._update_delays(limit_delay, delay_until)
+        if limit_delay or delay_until or self._limit_until or self._block_until:  # else all stay 0
+            self._update_delays(limit_delay, delay_until)
         if raw is None or job_id is None:
             if not self._drained:
                 self._drained = True
@@ -527,9 +529,9 @@ class Worker(LockKeepingMixin, QueueBase):
         self._drain_reported = False
         job = Job.from_raw(self, job_id, raw)
         job.token = token
-        # a job found means more may wait: bring two more idle slots in (the ramp)
-        self._wake_one()
-        self._wake_one()
+        if self._idle:  # a job found means more may wait: bring two more idle slots in (the ramp)
+            self._wake_one()
+            self._wake_one()
         self.emit("active", job, "waiting")
         return job
 
@@ -628,7 +630,10 @@ class Worker(LockKeepingMixin, QueueBase):
                         return
                     job = await self._fetch()
                     continue
-                job = await self._process(job)
+                if job.repeat_job_key is None and self.telemetry is None:  # _process's usual case, one frame less
+                    job = await self._process_plain(job)
+                else:
+                    job = await self._process(job)
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # never let a slot die: report and carry on
@@ -700,7 +705,10 @@ class Worker(LockKeepingMixin, QueueBase):
                 raise UnrecoverableError(job.deferred_failure)
             if self.max_started_attempts is not None and self.max_started_attempts < job.attempts_started:
                 raise UnrecoverableError("job started more than allowable limit")
-            result = await self._invoke(job, token, controller.signal if controller is not None else None)
+            if self._calls_directly:  # `async def process(job)`, in this process: _invoke's frame saved
+                result = await self.processor(job)  # type: ignore[misc]
+            else:
+                result = await self._invoke(job, token, controller.signal if controller is not None else None)
         except asyncio.CancelledError:
             self._active.pop(job_id, None)
             raise
@@ -710,24 +718,7 @@ class Worker(LockKeepingMixin, QueueBase):
                 raise
             return await self._handle_failed(job, err, token)
         self._active.pop(job_id, None)
-        return await self._handle_completed(job, result, token)
-
-    async def finishing(self, send: Callable[[], Awaitable[Any]]) -> Any:
-        """A finishing call: sent again through connection trouble, so a finished job is not left active."""
-        while True:
-            try:
-                reply = await send()
-                self._connection_ok()
-                return reply
-            except Exception as err:
-                if self._closed.is_set() or not self._transient(err):
-                    raise
-                await asyncio.sleep(self._connection_trouble(err))
-
-    def _fetch_next(self) -> bool:
-        return not (self.closing or self._paused or self._slot_count > self._concurrency)
-
-    async def _handle_completed(self, job: Job, result: Any, token: str) -> Optional[Job]:
+        # completed: here rather than in a method of its own (a coroutine less per job)
         fetch_next = self._fetch_next()
         try:
             reply = await job.move_to_completed(result, token, fetch_next)
@@ -740,6 +731,25 @@ class Worker(LockKeepingMixin, QueueBase):
         if self._prometheus is not None:
             self._prometheus.completed(job)
         return self._job_from_reply(reply, token) if fetch_next else None
+
+    async def finishing(self, send: Callable[[], Awaitable[Any]], failed: Optional[Exception] = None) -> Any:
+        """A finishing call: sent again through connection trouble, so a finished job is not left active
+        (``failed``: what its first attempt, made by the caller, raised)."""
+        while True:
+            if failed is not None:
+                if self._closed.is_set() or not self._transient(failed):
+                    raise failed
+                await asyncio.sleep(self._connection_trouble(failed))
+            try:
+                reply = await send()
+            except Exception as err:
+                failed = err
+                continue
+            self._connection_ok()
+            return reply
+
+    def _fetch_next(self) -> bool:
+        return not (self.closing or self._paused or self._slot_count > self._concurrency)
 
     async def _handle_failed(self, job: Job, err: Exception, token: str, *,
                              fetch_next: Optional[bool] = None) -> Optional[Job]:

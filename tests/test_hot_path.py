@@ -89,6 +89,27 @@ def test_from_raw_reports_bad_payloads_every_time() -> None:
         assert bad.parse_error == "opts.attempts='x' is not a finite number"
 
 
+def test_from_raw_sets_what_the_constructor_sets_in_its_order() -> None:
+    """from_raw builds its Job without the constructor: every attribute is there, in the same order
+    (the order keeps CPython's shared attribute keys, one layout for all Jobs)."""
+    made = Job(_Queue(), "n", {"i": 1}, {"attempts": 1}, "1")  # type: ignore[arg-type]
+    read = Job.from_raw(_Queue(), "1", {"name": "n", "data": '{"i":1}', "opts": '{"attempts":1}'})  # type: ignore[arg-type]
+    assert list(vars(read)) == list(vars(made))
+    assert {k: v for k, v in vars(read).items() if k != "queue"} == {k: v for k, v in vars(made).items() if k != "queue"}
+    grouped = Job.from_raw(_Queue(), "2", {"name": "n", "data": "{}", "opts": '{"group":{"id":"g1"}}'})  # type: ignore[arg-type]
+    assert grouped.group_id == "g1"
+    assert Job.from_raw(_Queue(), "3", {"name": "n", "data": "{}", "opts": '{"group":{"id":"g1"}}',  # type: ignore[arg-type]
+                                        "gid": "g2"}).group_id == "g2"
+    full = Job.from_raw(_Queue(), "4", {"name": "n", "data": "{}", "opts": "{}", "progress": '{"p":1}',  # type: ignore[arg-type]
+                                        "returnvalue": "[1]", "stacktrace": '["a"]', "parent": '{"id":"p"}',
+                                        "parentKey": "bull:p:1", "failedReason": "r", "rjk": "k", "deid": "d",
+                                        "pb": "w", "defa": "stalled"})
+    assert (full.progress, full.returnvalue, full.stacktrace, full.parent, full.parent_key) == (
+        {"p": 1}, [1], ["a"], {"id": "p"}, "bull:p:1")
+    assert (full.failed_reason, full.repeat_job_key, full.deduplication_id, full.processed_by,
+            full.deferred_failure) == ("r", "k", "d", "w", "stalled")
+
+
 def _calls(**wire: Any) -> WorkerCalls:
     return WorkerCalls(QueueKeys("bull", "q"), WorkerWireOptions(**wire))
 

@@ -15,7 +15,7 @@ from bullmq_compat._backends.base import (
 from bullmq_compat._backends.redis.adding import PreparedAdd, checked_data, prepare_add
 from bullmq_compat._backends.redis.channel import Channel, FastChannel, blocking_client, open_channel
 from bullmq_compat._backends.redis.connection import Connection, RedisHandle
-from bullmq_compat._backends.redis.fastconn import FastPathUnavailable
+from bullmq_compat._backends.redis.fastconn import FastPathUnavailable, ReplyError
 from bullmq_compat._backends.redis.keys import QueueKeys
 from bullmq_compat._backends.redis.lua import Script, own_script, upstream_scripts
 from bullmq_compat._backends.redis.runner import Call, ScriptRunner, _argv
@@ -873,8 +873,19 @@ class RedisWorkerChannel(WorkerChannel):
                                token: str, now: int, fetch_next: bool,
                                fields_to_update: Optional[Mapping[str, str]] = None,
                                group_id: Optional[str] = None) -> Optional[NextJob]:
-        reply = await self.channel.call(self.calls.move_to_finished(
-            job_id, job_opts, target, value, token, now, fetch_next, fields_to_update, group_id=group_id))
+        call = self.calls.move_to_finished(
+            job_id, job_opts, target, value, token, now, fetch_next, fields_to_update, group_id=group_id)
+        # a worker's every job: awaited here, without `call`'s coroutine, where the channel writes it at once
+        future = self.channel.submit_one(call) if call[0].function is None else None
+        if future is None:
+            reply = await self.channel.call(call)
+        else:
+            try:
+                reply = await future
+            except ReplyError as err:
+                if err.code != "NOSCRIPT":
+                    raise
+                reply = await self.channel.call(call)  # Redis lacked the script: it did not run
         if isinstance(reply, int) and reply < 0:
             raise script_error(reply, job_id=job_id, command="moveToFinished", state="active")
         return parse_next_job(reply) if fetch_next else None

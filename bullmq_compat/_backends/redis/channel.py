@@ -76,6 +76,11 @@ class Channel:
     async def call(self, call: Call) -> Any:
         raise NotImplementedError
 
+    def submit_one(self, call: Call) -> Optional["asyncio.Future[Any]"]:
+        """Write one call now and return its reply's future (a NOSCRIPT error in it: the call did
+        not run, send it with `call`); None where this channel cannot (then use `call`)."""
+        return None
+
     async def call_many(self, calls: list[Call], raise_errors: bool = True) -> list[Any]:
         """Several calls executed by Redis in this order (one write on the fast path); with
         ``raise_errors=False`` each failed call's exception is returned in its place."""
