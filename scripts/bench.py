@@ -164,6 +164,26 @@ def command_output(argv: list[str]) -> str:
         return ""
 
 
+def cpu_ticks() -> Optional[tuple[int, int]]:
+    """(steal, all) CPU time of this machine so far, in ticks, from /proc/stat (None off Linux).
+    Steal is the time the hypervisor gave this VM's CPUs to other guests: on a shared host it
+    slows every implementation of a run, so each run and the whole bench report their share."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    if len(fields) < 8:
+        return None
+    return fields[7], sum(fields[:8])  # user nice system idle iowait irq softirq steal
+
+
+def steal_share(before: Optional[tuple[int, int]], after: Optional[tuple[int, int]]) -> Optional[float]:
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
 def machine_info(redis_version: str, postgres_version: Optional[str] = None) -> dict[str, Any]:
     node = shutil.which("node")
     return {
@@ -387,10 +407,12 @@ def run_one(impl: Impl, m: Measurement, target: Target) -> dict[str, Any]:
         assert target.redis is not None
         flush(target.redis.port)
         args["redis"] = target.redis.url
+    ticks = cpu_ticks()
     try:
         proc = subprocess.run([*impl.argv, json.dumps(args)], capture_output=True, text=True, timeout=RUN_TIMEOUT,
                               cwd=ROOT)
     finally:
+        steal = steal_share(ticks, cpu_ticks())
         if schema is not None:
             drop_schema(target.postgres_url or "", schema)
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
@@ -402,6 +424,8 @@ def run_one(impl: Impl, m: Measurement, target: Target) -> dict[str, Any]:
         raise RuntimeError(f"exit {proc.returncode}: {out.get('error', '')} {proc.stderr.strip()[-2000:]}")
     jobs = out["jobs"]
     run = {"seconds": out["seconds"], "jobs": jobs, "cpuUserMs": out["cpuUserMs"], "cpuSysMs": out["cpuSysMs"]}
+    if steal is not None:
+        run["stealShare"] = steal  # of the whole process's life (its set-up included)
     run["jobsPerSec"] = jobs / out["seconds"] if out["seconds"] > 0 else 0.0
     run["clientCpuUsPerJob"] = (out["cpuUserMs"] + out["cpuSysMs"]) * 1000.0 / jobs
     # the client's CPU over its wall time: near 100 % (one core) means the client is what limits
@@ -760,6 +784,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         cells = {m.key: {i.key: Cell() for i in impls} for m in plan}
         started = time.monotonic()
+        ticks_at_start = cpu_ticks()
         for r in range(rounds):
             for m in plan:
                 order = impls[r % len(impls):] + impls[:r % len(impls)]
@@ -790,10 +815,13 @@ def main(argv: Optional[list[str]] = None) -> int:
                                   f"{run['pairedCpuRatio']:.2f}x)")
                     server_part = (f"  redis {run['redisCmdUsPerJob']:.1f} us/job" if "redisCmdUsPerJob" in run
                                    else f"  cpu/wall {run['clientCpuShare'] * 100:.0f}%")
+                    if "stealShare" in run:
+                        server_part += f"  steal {run['stealShare'] * 100:.0f}%"
                     print(f"  round {r + 1} {m.key:<16} {impl.key:<8} {extra}  "
                           f"cpu {run['clientCpuUsPerJob']:.1f} us/job{server_part}", flush=True)
         elapsed = time.monotonic() - started
         machine["loadavg_at_end"] = list(os.getloadavg())
+        machine["steal_share"] = steal_share(ticks_at_start, cpu_ticks())
 
         summary = {m.key: {k: cell_summary(c, m) for k, c in cells[m.key].items()} for m in plan}
         print()
@@ -801,7 +829,10 @@ def main(argv: Optional[list[str]] = None) -> int:
               f"(jobs/s: higher is better). {elapsed:.0f} s in all.")
         print(f"machine: {machine['cores']} cores, {machine['cpu_model']}; Redis {redis_version}; "
               f"PostgreSQL {pg_version or 'n/a'}; Python {machine['python_version']}; Node {machine['node_version']}; "
-              f"load average {machine['loadavg_at_start'][0]:.2f} at start, {machine['loadavg_at_end'][0]:.2f} at end")
+              f"load average {machine['loadavg_at_start'][0]:.2f} at start, {machine['loadavg_at_end'][0]:.2f} at end"
+              + ("" if machine["steal_share"] is None else
+                 f"; steal {machine['steal_share'] * 100:.1f}% of CPU time (the host ran other guests: "
+                 "every figure of a run with much steal is slowed)"))
         for note_key, why in skipped.items():
             print(f"skipped {note_key}: {why}")
         for m in plan:

@@ -66,6 +66,12 @@ def test_bench_quick_compat_and_node(tmp_path: Path) -> None:
             assert floor is not None and floor["jobsPerSec"]["median"] > 0, (key, doc["runs"][key]["floor"]["errors"])
             assert floor["redisCmdUsPerJob"]["median"] > 0
     assert "of floor" in proc.stdout and "floor (bare script loop)" in proc.stdout
+    if Path("/proc/stat").exists():  # the host's steal, per run and for the whole bench
+        assert 0 <= doc["machine"]["steal_share"] <= 1 and "% of CPU time" in proc.stdout
+        for per_impl in doc["runs"].values():
+            for cell in per_impl.values():
+                for run in cell["runs"]:
+                    assert 0 <= run["stealShare"] <= 1, run
 
 
 def _postgres_url() -> str:
