@@ -57,7 +57,9 @@ async function main() {
     let jobs = [];
     while (Date.now() < deadline) {
       jobs = await Promise.all(ids.map((id) => view(queue, id)));
-      if (jobs.every((j) => j && (j.state === 'completed' || j.state === 'failed'))) break;
+      // finished too: view() reads the hash, then the state, so a job that moved between the two reads
+      // shows a final state with its active hash (no finishedOn) — read again then
+      if (jobs.every((j) => j && (j.state === 'completed' || j.state === 'failed') && j.finished)) break;
       await sleep(50);
     }
     await worker.close();
