@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional, Sequence
 
@@ -255,6 +256,10 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
         self.telemetry, self.meter = resolve_telemetry(telemetry)
         #: makes the id of each add that gives none (docs/queue.md, "Job ids"); None: the queue's counter
         self._id_generator = generator
+        # an add with no options of its own: its script call made once per defaults (`_plain_add`)
+        self._plain: Any = None
+        self._plain_of: Any = None
+        self._plain_defaults: Any = None
 
     @property
     def job_id_generator(self) -> Optional[JobIdGenerator]:
@@ -307,16 +312,20 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
         return job
 
     def _check_result(self, prepared: Any, result: Any) -> Any:
+        return self._checked(result, prepared.opts, getattr(prepared, "job_id", None))
+
+    @staticmethod
+    def _checked(result: Any, opts: Mapping[str, Any], job_id: Optional[str]) -> Any:
+        """An add script's reply (the new job's id), or the error it stands for raised."""
         if isinstance(result, BaseException):
             raise result
-        refusal = group_add_refusal(result, prepared.opts)
+        refusal = group_add_refusal(result, opts)
         if refusal is not None:
             raise refusal
         if isinstance(result, int) and result < 0:
-            parent = prepared.opts.get("parent")
+            parent = opts.get("parent")
             parent_key = f"{parent['queue']}:{parent['id']}" if parent else None
-            raise script_error(result, job_id=getattr(prepared, "job_id", None) or prepared.opts.get("jobId"),
-                               command="addJob", parent_key=parent_key)
+            raise script_error(result, job_id=job_id or opts.get("jobId"), command="addJob", parent_key=parent_key)
         return result
 
     async def _send(self, prepared: Sequence[Any]) -> list[Any]:
@@ -370,8 +379,37 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
         """
         if self.telemetry is not None:
             return await self._add_traced(name, data, opts)
-        job = await self._add_one(name, data, opts)
+        if opts or self._id_generator is not None or not self._readied():
+            job = await self._add_one(name, data, opts)
+        else:
+            job = await self._add_plain(name, data)
         self.emit("waiting", job)  # as _add_emitting, one coroutine less
+        return job
+
+    def _plain_add(self) -> Any:
+        """The backend's PlainAdd for this queue's defaults (made again when they change), or None."""
+        defaults = self.default_job_options
+        if self._plain_of is not defaults or self._plain_defaults != defaults:
+            make = getattr(self.backend, "plain_add", None)
+            self._plain = None if make is None else make(merge_defaults(defaults, {}))
+            self._plain_of, self._plain_defaults = defaults, copy.deepcopy(defaults)
+        return self._plain
+
+    async def _add_plain(self, name: str, data: Any) -> Job:
+        """`_add_one` of an add with no options of its own: the script call made from the queue's
+        `PlainAdd` (its defaults merged and packed once), the Job built while Redis runs it."""
+        plain = self._plain_add()
+        backend: Any = self.backend  # a backend that made a PlainAdd has submit_plain
+        sent = None if plain is None else backend.submit_plain(plain, name, data)
+        if sent is None:
+            return await self._add_one(name, data, {})
+        timestamp, pending = sent
+        job = Job(self, name, {} if data is None else data, plain.job_opts)
+        job.timestamp = timestamp
+        result = await pending
+        if type(result) is not str:
+            result = codec.to_str(self._checked(result, plain.merged, None))
+        job.id = result
         return job
 
     @staticmethod

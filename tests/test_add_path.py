@@ -110,3 +110,106 @@ async def test_add_bulk_of_group_and_delayed_jobs_goes_the_same_way(redis_url: s
                                      {"name": "p", "data": {}, "opts": {"priority": 3}}])
         assert [await j.get_state() for j in jobs][1:] == ["delayed", "prioritized"]
         assert all(j.id for j in jobs)
+
+
+# -- an add with no options of its own (`queue.add(name, data)`): its script call is made from the
+#    queue's PlainAdd, made once per defaults by prepare_add itself
+
+_DEFAULTS = [
+    {},
+    {"attempts": 3, "backoff": {"type": "exponential", "delay": 100}},
+    {"delay": 60_000},
+    {"priority": 4, "remove_on_complete": {"count": 5}},
+    {"lifo": True, "remove_on_fail": True, "keep_logs": 3, "stack_trace_limit": 2},
+    {"size_limit": 1000},
+]
+
+
+@pytest.mark.parametrize("defaults", _DEFAULTS)
+async def test_a_plain_add_sends_what_prepare_add_makes_of_it(redis_url: str, queue_name: str,
+                                                              defaults: dict[str, Any]) -> None:
+    from bullmq_compat._backends.redis.adding import prepare_add
+
+    async with Queue(queue_name, connection=redis_url, default_job_options=defaults) as queue:
+        plain = queue._plain_add()
+        assert plain is not None
+        timestamp, data_json, (script, keys, args) = plain.call("n", {"i": [1, "é"]})
+        general = prepare_add(queue.backend.keys, "n", {"i": [1, "é"]},
+                              queue._new_job("n", None, {}).opts, timestamp=timestamp)
+        assert (script.sha, keys, args) == (general.script.sha, general.keys, general.args)
+        assert data_json == general.data_json
+
+
+@pytest.mark.parametrize("defaults", _DEFAULTS)
+async def test_a_plain_add_stores_and_returns_what_the_general_add_does(
+        redis_url: str, queue_name: str, redis: Any, defaults: dict[str, Any]) -> None:
+    async with Queue(queue_name, connection=redis_url, default_job_options=defaults) as queue:
+        await _fast_open(queue)
+        plain = await queue.add("p", {"v": 1})
+        general = await queue._add_one("p", {"v": 1}, {"attempts": queue._plain.merged["attempts"]})
+        assert queue._plain is not None and plain.id != general.id
+        for attribute in ("name", "data", "opts", "delay", "priority", "group_id", "parent_key"):
+            assert getattr(plain, attribute) == getattr(general, attribute), attribute
+        assert abs(plain.timestamp - general.timestamp) < 60_000
+        stored = [await redis.hgetall(f"bull:{queue_name}:{job.id}") for job in (plain, general)]
+        for fields in stored:
+            fields.pop("timestamp")
+        assert stored[0] == stored[1]
+        assert await plain.get_state() == await general.get_state()
+        fetched = await queue.get_job(plain.id)
+        assert fetched is not None and fetched.opts == plain.opts and fetched.data == {"v": 1}
+
+
+async def test_a_plain_add_follows_the_defaults_when_they_change(redis_url: str, queue_name: str) -> None:
+    async with Queue(queue_name, connection=redis_url, default_job_options={"attempts": 2}) as queue:
+        await _fast_open(queue)
+        assert (await queue.add("a", {})).opts["attempts"] == 2
+        queue.default_job_options["attempts"] = 5  # changed in place
+        assert (await (await queue.add("b", {})).get_state()) == "waiting"
+        assert (await queue.get_job((await queue.add("b", {})).id)).opts["attempts"] == 5  # type: ignore[union-attr]
+        queue.default_job_options = {"delay": 60_000}  # replaced
+        job = await queue.add("c", {})
+        assert job.delay == 60_000 and await job.get_state() == "delayed"
+
+
+@pytest.mark.parametrize("defaults", [{"timestamp": 1_000}, {"group": {"id": "g"}},
+                                      {"deduplication": {"id": "d"}}])
+async def test_defaults_that_make_each_add_its_own_take_the_general_path(
+        redis_url: str, queue_name: str, defaults: dict[str, Any]) -> None:
+    async with Queue(queue_name, connection=redis_url, default_job_options=defaults) as queue:
+        await _fast_open(queue)
+        assert queue._plain_add() is None
+        job = await queue.add("x", {"i": 1})
+        stored = await queue.get_job(job.id)
+        assert stored is not None
+        # deduplicated by its default id: the warm-up job's id, nothing new written
+        assert stored.data == ({} if "deduplication" in defaults else {"i": 1})
+        if "timestamp" in defaults:
+            assert job.timestamp == stored.timestamp == 1_000
+        if "group" in defaults:
+            assert job.group_id == "g"
+
+
+@pytest.mark.parametrize("name,data", [(5, {}), ("x", {"o": object()}), ("x", {"s": "\ud800"}),
+                                       ("\ud800", {}), ("x", {"big": "y" * 2000})])
+async def test_a_plain_add_refuses_bad_input_with_nothing_written(redis_url: str, queue_name: str,
+                                                                  name: Any, data: Any) -> None:
+    async with Queue(queue_name, connection=redis_url, default_job_options={"size_limit": 1000}) as queue:
+        await _fast_open(queue)
+        with pytest.raises(BullMQCompatError):
+            await queue.add(name, data)
+        assert await queue.get_job_counts("waiting") == {"waiting": 1}  # the warm-up job only
+        assert (await queue.add("ok", {"i": 1})).id is not None
+
+
+async def test_a_plain_add_after_redis_forgot_its_script_and_after_a_lost_connection(
+        redis_url: str, queue_name: str, redis: Any) -> None:
+    async with Queue(queue_name, connection=redis_url) as queue:
+        await _fast_open(queue)
+        await redis.script_flush()
+        assert (await queue.add("after-flush", {})).id is not None
+        queue.backend._fast._conn._transport.abort()
+        with pytest.raises(ConnectionError):
+            await queue.add("lost", {})
+        assert (await queue.add("after", {})).id is not None
+        assert await queue.get_job_counts("waiting") == {"waiting": 3}

@@ -9,7 +9,7 @@ from bullmq_compat._errors import InvalidArgument, InvalidJobOptions
 from bullmq_compat._wire import codec
 from bullmq_compat._backends.redis.keys import QueueKeys
 from bullmq_compat._backends.redis.lua import Script, upstream_scripts
-from bullmq_compat._wire.options import to_wire
+from bullmq_compat._wire.options import from_wire, to_wire
 
 
 @dataclass
@@ -74,11 +74,59 @@ def checked_data(name: Any, data: Any, opts: Mapping[str, Any]) -> str:
     return data_json
 
 
+def add_head(keys: QueueKeys, name: str, timestamp: int, job_id: Optional[str] = None,
+             parent_key: Optional[str] = None, parent_dependencies_key: Optional[str] = None,
+             parent: Optional[dict[str, Any]] = None, repeat_job_key: Optional[str] = None,
+             dedup_key: Optional[str] = None, defer_parent_release: bool = False) -> list[Any]:
+    """The add scripts' first argument, before it is packed (upstream's ARGV[1] list)."""
+    return [keys.prefix_key, job_id if job_id is not None else "", name, timestamp, parent_key,
+            parent_dependencies_key, parent, repeat_job_key, dedup_key, 1 if defer_parent_release else None]
+
+
+# options that make each add's arguments its own: a queue whose defaults hold one has no PlainAdd
+_PER_ADD = ("jobId", "timestamp", "group", "parent", "deduplication", "debounce", "repeatJobKey", "repeat",
+            "orderMs", "order_ms", "telemetry")
+
+
+class PlainAdd:
+    """An add that gives no options of its own (``queue.add(name, data)``), its queue's defaults
+    merged: everything of its script call but the name, the data and the timestamp, made once by
+    `prepare_add` itself, so that such an add sends exactly what `prepare_add` would make of it."""
+
+    __slots__ = ("keys", "merged", "script", "script_keys", "packed_opts", "job_opts")
+
+    def __init__(self, keys: QueueKeys, merged: Mapping[str, Any]) -> None:
+        made = prepare_add(keys, "", {}, merged, timestamp=0)
+        self.keys = keys
+        #: the merged options (Node form) it was made from: what `checked_data` reads (size_limit)
+        self.merged = made.opts
+        self.script = made.script
+        self.script_keys = made.keys
+        self.packed_opts = made.args[2]
+        #: the options each added Job shows (Python names), copied into each
+        self.job_opts = from_wire(made.wire_opts)
+
+    @staticmethod
+    def of(keys: QueueKeys, merged: Mapping[str, Any]) -> Optional["PlainAdd"]:
+        """The PlainAdd of a queue's merged defaults; None where they hold an option that makes
+        each add's arguments its own (a job id, a group, a parent, ...)."""
+        if any(name in merged for name in _PER_ADD):
+            return None
+        return PlainAdd(keys, merged)
+
+    def call(self, name: str, data: Any) -> tuple[int, str, tuple[Script, list[str], list[Any]]]:
+        """One add's timestamp, data JSON and script call; refuses what `prepare_add` refuses."""
+        data_json = checked_data(name, data, self.merged)
+        timestamp = int(time.time() * 1000)
+        return timestamp, data_json, (self.script, self.script_keys, [
+            codec.pack(add_head(self.keys, name, timestamp)), data_json, self.packed_opts])
+
+
 def prepare_add(keys: QueueKeys, name: str, data: Any, opts: Mapping[str, Any], *,
                 parent_key: Optional[str] = None, parent_dependencies_key: Optional[str] = None,
                 parent: Optional[Mapping[str, Any]] = None, add_to_waiting_children: bool = False,
                 defer_parent_release: bool = False, job_id: Optional[str] = None,
-                data_json: Optional[str] = None) -> PreparedAdd:
+                data_json: Optional[str] = None, timestamp: Optional[int] = None) -> PreparedAdd:
     """Validate and encode one job; ``opts`` is already normalised and merged (Node form).
 
     ``job_id`` is an id chosen by the caller without storing it in the options (as Node's
@@ -87,7 +135,8 @@ def prepare_add(keys: QueueKeys, name: str, data: Any, opts: Mapping[str, Any], 
     """
     if data_json is None:
         data_json = checked_data(name, data, opts)
-    timestamp = int(opts.get("timestamp") or time.time() * 1000)
+    if timestamp is None:
+        timestamp = int(opts.get("timestamp") or time.time() * 1000)
     job_id = opts.get("jobId") if job_id is None else job_id
     opts = dict(opts)  # its own copy: the PreparedAdd keeps it
     order_ms = opts.pop("order_ms", None) if "order_ms" in opts else None
@@ -96,18 +145,9 @@ def prepare_add(keys: QueueKeys, name: str, data: Any, opts: Mapping[str, Any], 
     group = opts.get("group")  # checked with its options by the caller (check_group_combination)
     wire_opts = to_wire(opts)
     dedup = opts.get("deduplication")
-    args = [
-        keys.prefix_key,
-        job_id if job_id is not None else "",
-        name,
-        timestamp,
-        parent_key,
-        parent_dependencies_key,
-        dict(parent) if parent else None,
-        opts.get("repeatJobKey"),
-        f"{keys.de}:{dedup['id']}" if dedup else None,
-        1 if defer_parent_release else None,
-    ]
+    args = add_head(keys, name, timestamp, job_id, parent_key, parent_dependencies_key,
+                    dict(parent) if parent else None, opts.get("repeatJobKey"),
+                    f"{keys.de}:{dedup['id']}" if dedup else None, defer_parent_release)
     scripts = upstream_scripts()
     delay = opts.get("delay")
     extra_args: list[Any] = []

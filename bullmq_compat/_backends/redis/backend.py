@@ -12,7 +12,7 @@ from bullmq_compat._backends.base import (
     EventsReader, FinishJob, JobFields, NewJob, NextJob, QueueBackend, QueueFigures, WorkerChannel,
     WorkerSettings, metrics_total,
 )
-from bullmq_compat._backends.redis.adding import PreparedAdd, checked_data, prepare_add
+from bullmq_compat._backends.redis.adding import PlainAdd, PreparedAdd, checked_data, prepare_add
 from bullmq_compat._backends.redis.channel import Channel, FastChannel, blocking_client, open_channel
 from bullmq_compat._backends.redis.connection import Connection, RedisHandle
 from bullmq_compat._backends.redis.fastconn import FastPathUnavailable, ReplyError
@@ -185,6 +185,21 @@ class RedisBackend(QueueBackend):
         call = (prepared.script, prepared.keys, prepared.args)
         future = channel.submit_one(call)
         return None if future is None else channel.reply_of(call, future)
+
+    def plain_add(self, merged: Mapping[str, Any]) -> Optional[PlainAdd]:
+        """What every add of a queue whose merged defaults are ``merged`` sends when it gives no
+        options of its own; None where its defaults make each add's arguments its own."""
+        return PlainAdd.of(self.keys, merged)
+
+    def submit_plain(self, plain: PlainAdd, name: str, data: Any) -> Optional[tuple[int, Awaitable[Any]]]:
+        """`submit_one` of a `PlainAdd`: its timestamp and the awaitable of its reply (or of the
+        error in its place); None where no fast channel is open (then add it the general way)."""
+        channel = self._fast
+        if not channel:
+            return None
+        timestamp, _, call = plain.call(name, data)  # refuses bad input before anything is written
+        future = channel.submit_one(call)
+        return None if future is None else (timestamp, channel.reply_of(call, future))
 
     def check_add(self, job: NewJob) -> str:
         """Everything that can refuse ``job`` (its data's JSON text is returned, for `submit_new`)."""
