@@ -500,14 +500,13 @@ class Job(FlowJobMixin):
         channel = getattr(self.queue, "_channel", None)  # a running Worker's: no coroutine to await
         if channel is None:
             channel = await self._channel()
-        def send() -> Any:
-            return channel.move_to_finished(
-                str(self.id), self.opts, "completed", value, token, now, fetch_next, group_id=self.group_id)
-
+        job_id = str(self.id)
         try:  # the first attempt here: one coroutine less per job; the queue's retrying after trouble
-            reply = await send()
+            reply = await channel.move_to_finished(
+                job_id, self.opts, "completed", value, token, now, fetch_next, group_id=self.group_id)
         except Exception as err:
-            reply = await self.queue.finishing(send, err)
+            reply = await self.queue.finishing(lambda: channel.move_to_finished(
+                job_id, self.opts, "completed", value, token, now, fetch_next, group_id=self.group_id), err)
         else:
             self.queue._connection_ok()
         self.returnvalue = return_value
