@@ -381,9 +381,27 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
             return await self._add_traced(name, data, opts)
         if opts or self._id_generator is not None or not self._readied():
             job = await self._add_one(name, data, opts)
+            self.emit("waiting", job)  # as _add_emitting, one coroutine less
+            return job
+        # an add with no options of its own: the script call made from the queue's PlainAdd (its
+        # defaults merged and packed once), the Job built while Redis runs it
+        plain = self._plain_add()
+        backend: Any = self.backend  # a backend that made a PlainAdd has submit_plain
+        sent = None if plain is None else backend.submit_plain(plain, name, data)
+        if sent is None:
+            job = await self._add_one(name, data, {})
         else:
-            job = await self._add_plain(name, data)
-        self.emit("waiting", job)  # as _add_emitting, one coroutine less
+            timestamp, future, call = sent
+            job = Job(self, name, {} if data is None else data, plain.job_opts)
+            job.timestamp = timestamp
+            try:
+                result = await future
+            except Exception as err:
+                result = await backend.reply_after(call, err)
+            if type(result) is not str:
+                result = codec.to_str(self._checked(result, plain.merged, None))
+            job.id = result
+        self.emit("waiting", job)
         return job
 
     def _plain_add(self) -> Any:
@@ -394,23 +412,6 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
             self._plain = None if make is None else make(merge_defaults(defaults, {}))
             self._plain_of, self._plain_defaults = defaults, copy.deepcopy(defaults)
         return self._plain
-
-    async def _add_plain(self, name: str, data: Any) -> Job:
-        """`_add_one` of an add with no options of its own: the script call made from the queue's
-        `PlainAdd` (its defaults merged and packed once), the Job built while Redis runs it."""
-        plain = self._plain_add()
-        backend: Any = self.backend  # a backend that made a PlainAdd has submit_plain
-        sent = None if plain is None else backend.submit_plain(plain, name, data)
-        if sent is None:
-            return await self._add_one(name, data, {})
-        timestamp, pending = sent
-        job = Job(self, name, {} if data is None else data, plain.job_opts)
-        job.timestamp = timestamp
-        result = await pending
-        if type(result) is not str:
-            result = codec.to_str(self._checked(result, plain.merged, None))
-        job.id = result
-        return job
 
     @staticmethod
     def _with_trace_context(opts: Mapping[str, Any], metadata: str) -> dict[str, Any]:

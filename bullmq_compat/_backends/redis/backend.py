@@ -191,15 +191,21 @@ class RedisBackend(QueueBackend):
         options of its own; None where its defaults make each add's arguments its own."""
         return PlainAdd.of(self.keys, merged)
 
-    def submit_plain(self, plain: PlainAdd, name: str, data: Any) -> Optional[tuple[int, Awaitable[Any]]]:
-        """`submit_one` of a `PlainAdd`: its timestamp and the awaitable of its reply (or of the
-        error in its place); None where no fast channel is open (then add it the general way)."""
+    def submit_plain(self, plain: PlainAdd, name: str, data: Any) -> Optional[tuple[int, Awaitable[Any], Call]]:
+        """`submit_one` of a `PlainAdd`: its timestamp, its reply's future and its call (for
+        `reply_after`, where the future raises); None where no fast channel is open (then add it
+        the general way)."""
         channel = self._fast
         if not channel:
             return None
         timestamp, _, call = plain.call(name, data)  # refuses bad input before anything is written
         future = channel.submit_one(call)
-        return None if future is None else (timestamp, channel.reply_of(call, future))
+        return None if future is None else (timestamp, future, call)
+
+    async def reply_after(self, call: Call, err: Exception) -> Any:
+        """The reply of a `submit_plain` call whose future raised ``err`` (`FastChannel.reply_after`)."""
+        channel = self._fast
+        return await channel.reply_after(call, err) if channel else err
 
     def check_add(self, job: NewJob) -> str:
         """Everything that can refuse ``job`` (its data's JSON text is returned, for `submit_new`)."""

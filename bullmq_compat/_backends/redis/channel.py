@@ -211,12 +211,21 @@ class FastChannel(Channel):
         """`collect` of one `submit_one`: the reply, or the exception in its place."""
         try:
             return await future
-        except ReplyError as err:
-            if err.code != "NOSCRIPT":
-                return err
         except Exception as err:
+            return await self.reply_after(call, err)
+
+    async def reply_after(self, call: Call, err: Exception) -> Any:
+        """What a written call gives when its reply's future raised ``err``: the call again with
+        its script's text where Redis lacked the script (it never ran), else ``err`` itself; the
+        error of that second try in its place."""
+        if not (isinstance(err, ReplyError) and err.code == "NOSCRIPT"):
             return err
-        return (await self.collect([call], [future], raise_errors=False))[0]  # runs it with its text
+        script, keys, args = call
+        try:
+            conn = await self._connection()
+            return await conn.execute(b"EVAL", script.lua, len(keys), *_argv(keys, args))
+        except Exception as again:
+            return again
 
     async def collect(self, calls: Sequence[Call], futures: list["asyncio.Future[Any]"],
                       raise_errors: bool = True) -> list[Any]:
@@ -224,20 +233,15 @@ class FastChannel(Channel):
         returned in its place. A call Redis lacked the script of is run again with its text."""
         results: list[Any] = []
         first_error: Optional[BaseException] = None
-        for (script, keys, args), future in zip(calls, futures):
+        for call, future in zip(calls, futures):
             try:
-                try:
-                    results.append(await future)
-                    continue
-                except ReplyError as err:
-                    if err.code != "NOSCRIPT":
-                        raise
-                # it never ran: load it by running it with EVAL
-                conn = await self._connection()
-                results.append(await conn.execute(b"EVAL", script.lua, len(keys), *_argv(keys, args)))
+                results.append(await future)
+                continue
             except Exception as err:
-                results.append(err)
-                first_error = first_error or err
+                result = await self.reply_after(call, err)
+            results.append(result)
+            if isinstance(result, BaseException):
+                first_error = first_error or result
         if first_error is not None and raise_errors:
             raise first_error
         return results
