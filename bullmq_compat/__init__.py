@@ -93,3 +93,6 @@ __all__ += ["MetricsUnavailable", "serve_worker_metrics", "stop_worker_metrics",
 from bullmq_compat._batch import BatchedJob, BatchJob  # noqa: E402
 
 __all__ += ["BatchJob", "BatchedJob"]
+from bullmq_compat._busy_poll import busy_poll_budget, set_busy_poll  # noqa: E402
+
+__all__ += ["busy_poll_budget", "set_busy_poll"]

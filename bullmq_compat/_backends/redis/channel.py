@@ -121,7 +121,8 @@ class FastChannel(Channel):
             # the named connection opens with the worker, as Node's does: CLIENT LIST (getWorkers,
             # Bull-Board) shows a worker busy from its first job, before it ever waits for one
             try:
-                channel._blocking = await FastConnection.from_redis_py(client, blocking_name, decode=True)
+                channel._blocking = await FastConnection.from_redis_py(client, blocking_name, decode=True,
+                                                                       busy_poll=False)
             except BaseException:
                 await channel._conn.close()
                 raise
@@ -261,7 +262,8 @@ class FastChannel(Channel):
         if conn is None or conn.closed:
             if self._closed:
                 return None
-            conn = self._blocking = await FastConnection.from_redis_py(self._client, self._blocking_name, decode=True)
+            conn = self._blocking = await FastConnection.from_redis_py(self._client, self._blocking_name, decode=True,
+                                                                       busy_poll=False)
         reply = await conn.execute(b"BZPOPMIN", marker_key, timeout)
         if not reply:
             return None

@@ -45,6 +45,7 @@ from typing import Any, Iterable, Optional
 import hiredis
 import redis.exceptions as _redis_exc
 
+from bullmq_compat import _busy_poll
 from bullmq_compat._errors import BullMQCompatError
 
 __all__ = [
@@ -176,9 +177,14 @@ class FastConnection(asyncio.Protocol):
     Open with `FastConnection.open(...)` or `FastConnection.from_redis_py(client)`.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, address: str, decode: bool = False) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, address: str, decode: bool = False,
+                 busy_poll: bool = True) -> None:
         self._loop = loop
         self._address = address
+        # while a reply is due, the loop polls for it before sleeping (see bullmq_compat._busy_poll);
+        # not for a connection whose replies take long (a blocking command's)
+        self._busy_poll = busy_poll
+        self._poller: Optional[_busy_poll.BusyPollSelector] = None
         self._transport: Optional[asyncio.Transport] = None
         # decode=True: bulk replies come back as str, decoded in C (the worker's hot path wants that)
         self._reader = (hiredis.Reader(replyError=ReplyError, notEnoughData=False, encoding="utf-8",
@@ -212,24 +218,26 @@ class FastConnection(asyncio.Protocol):
         connect_timeout: Optional[float] = 10.0,
         unix_socket_path: Optional[str] = None,
         decode: bool = False,
+        busy_poll: bool = True,
     ) -> "FastConnection":
         """Connect, then AUTH / SELECT / CLIENT SETNAME as asked (checking each reply).
 
         Raises `AuthenticationFailed` for refused credentials, `HandshakeError` for a
         refused SELECT / CLIENT SETNAME, `TimeoutError` when connecting and the
         handshake take longer than `connect_timeout`, and `OSError` (for instance
-        `ConnectionRefusedError`) when the server cannot be reached.
+        `ConnectionRefusedError`) when the server cannot be reached. ``busy_poll=False`` for a
+        connection whose replies are not quick (a blocking command's): the loop sleeps at once.
         """
         loop = asyncio.get_running_loop()
         if unix_socket_path is not None:
             if ssl is not None:
                 raise ValueError("TLS over a unix socket is not supported")
             address = f"unix:{unix_socket_path}"
-            connect = loop.create_unix_connection(lambda: cls(loop, address, decode), unix_socket_path)
+            connect = loop.create_unix_connection(lambda: cls(loop, address, decode, busy_poll), unix_socket_path)
         else:
             address = f"{host}:{port}"
             connect = loop.create_connection(
-                lambda: cls(loop, address, decode), host, int(port),
+                lambda: cls(loop, address, decode, busy_poll), host, int(port),
                 ssl=ssl, server_hostname=host if ssl is not None else None,
             )
         conn: Optional[FastConnection] = None
@@ -291,7 +299,7 @@ class FastConnection(asyncio.Protocol):
 
     @classmethod
     async def from_redis_py(cls, client: Any, client_name: Optional[str] = None,
-                            decode: bool = False) -> "FastConnection":
+                            decode: bool = False, busy_poll: bool = True) -> "FastConnection":
         """Open a fast twin connection to the server a redis-py client talks to.
 
         Reads host/port/db/username/password/credential provider/client name/TLS
@@ -363,13 +371,13 @@ class FastConnection(asyncio.Protocol):
         if kind == "unix":
             return await cls.open(
                 db=db, username=username, password=password, client_name=name,
-                connect_timeout=timeout, unix_socket_path=template.path, decode=decode)
+                connect_timeout=timeout, unix_socket_path=template.path, decode=decode, busy_poll=busy_poll)
         # TLS: the very context redis-py would use (CA, verification, client certificate, or the
         # caller's own SSLContext), so the fast path verifies the server exactly as redis-py does
         ssl_context = template.ssl_context.get() if kind == "ssl" else None
         return await cls.open(
             template.host, int(template.port), db=db, username=username, password=password,
-            ssl=ssl_context, client_name=name, connect_timeout=timeout, decode=decode)
+            ssl=ssl_context, client_name=name, connect_timeout=timeout, decode=decode, busy_poll=busy_poll)
 
     # ------------------------------------------------------------------ commands
 
@@ -487,6 +495,8 @@ class FastConnection(asyncio.Protocol):
         self._transport = None
         self._wbuf.clear()
         pending = self._pending
+        _busy_poll.detach(self._poller, pending)
+        self._poller = None
         while pending:
             fut = pending.popleft()
             if not fut.done():
@@ -502,6 +512,8 @@ class FastConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
+        if self._busy_poll:
+            self._poller = _busy_poll.attach(self._loop, self._pending)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             # asyncio already sets TCP_NODELAY; add keepalive so a vanished
