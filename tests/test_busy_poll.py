@@ -67,6 +67,17 @@ def _selector_with_a_due_reply(answers: Optional[list[list[Any]]] = None) -> tup
     return selector, inner
 
 
+def _sleeps_that_polled(selector: BusyPollSelector, inner: FakeSelector, sleeps: int) -> list[int]:
+    """Which of the next ``sleeps`` selects (with a timeout) polled before sleeping, by number."""
+    polled = []
+    for i in range(sleeps):
+        before = inner.polls
+        selector.select(1.0)
+        if inner.polls > before:
+            polled.append(i)
+    return polled
+
+
 def test_the_loop_sleeps_at_once_when_no_reply_is_due(budget: None) -> None:
     bullmq_compat.set_busy_poll(100_000)
     inner = FakeSelector([[(5, 1)]])
@@ -114,13 +125,8 @@ def test_a_poll_without_a_reply_sleeps_for_the_rest_of_the_timeout(budget: None)
 def test_polls_that_miss_become_rarer_and_a_caught_reply_restores_them(budget: None) -> None:
     bullmq_compat.set_busy_poll(1)
     selector, inner = _selector_with_a_due_reply()
-    polled = []
-    for _ in range(40):
-        before = inner.polls
-        selector.select(1.0)
-        polled.append(inner.polls > before)
     # after each miss the next 1, 3, 7, 15 sleeps come without a poll
-    assert [i for i, p in enumerate(polled) if p] == [0, 2, 6, 14, 30]
+    assert _sleeps_that_polled(selector, inner, 40) == [0, 2, 6, 14, 30]
     bullmq_compat.set_busy_poll(1_000_000)
     inner.answers.append([(5, 1)])  # the next poll sees a reply
     sleeps = 0
@@ -137,12 +143,7 @@ def test_polls_that_miss_become_rarer_and_a_caught_reply_restores_them(budget: N
 def test_the_back_off_stops_at_one_poll_in_256_sleeps(budget: None) -> None:
     bullmq_compat.set_busy_poll(1)
     selector, inner = _selector_with_a_due_reply()
-    polled_at = []
-    for i in range(2_000):
-        before = inner.polls
-        selector.select(1.0)
-        if inner.polls > before:
-            polled_at.append(i)
+    polled_at = _sleeps_that_polled(selector, inner, 2_000)
     gaps = [b - a for a, b in zip(polled_at, polled_at[1:])]
     assert gaps[:8] == [2, 4, 8, 16, 32, 64, 128, 256] and set(gaps[8:]) == {256}
 
