@@ -90,6 +90,7 @@ BACKENDS = ("redis", "postgres")
 PG_TARGETS = {"pg-add": 1.2, "pg-add-bulk": 1.2, "pg-process-c1": 1.5, "pg-process-c10": 1.5}
 sys.path.insert(0, ROOT)
 
+from bullmq_compat._busy_poll import busy_poll_budget  # noqa: E402
 from tests._redis_server import RedisServer  # noqa: E402
 
 OFFICIAL_VENV = os.path.join(ROOT, "bench-results", ".venv-official")
@@ -195,6 +196,9 @@ def machine_info(redis_version: str, postgres_version: Optional[str] = None) -> 
         "python_version": platform.python_version(),
         "node_version": command_output([node, "--version"]) if node else None,
         "loadavg_at_start": list(os.getloadavg()),
+        # what bullmq-compat's and the floor's runners poll for a due reply (they inherit this
+        # process's environment): it changes every Redis row where each job waits for the last
+        "busy_poll_us": busy_poll_budget(),
     }
 
 
@@ -833,6 +837,8 @@ def main(argv: Optional[list[str]] = None) -> int:
               + ("" if machine["steal_share"] is None else
                  f"; steal {machine['steal_share'] * 100:.1f}% of CPU time (the host ran other guests: "
                  "every figure of a run with much steal is slowed)"))
+        print(f"bullmq-compat and the floor: busy-poll budget {machine['busy_poll_us']} µs "
+              "(BULLMQ_COMPAT_BUSY_POLL_US; 0: off)")
         for note_key, why in skipped.items():
             print(f"skipped {note_key}: {why}")
         for m in plan:

@@ -30,13 +30,17 @@ def test_bench_quick_compat_and_node(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--only", "compat,node,floor", "--jobs",
          "200", "--rounds", "1", "--backends", "redis", "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "BULLMQ_COMPAT_BUSY_POLL_US": "150"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "vs Node" in proc.stdout
+    # the busy-poll budget the Python runners inherited, in the report and the JSON
+    assert "busy-poll budget 150 µs" in proc.stdout
 
     doc = json.loads(out.read_text())
     assert set(doc["implementations"]) == {"compat", "node", "floor"}
     assert doc["machine"]["cores"] and doc["machine"]["redis_version"]
+    assert doc["machine"]["busy_poll_us"] == 150
     keys = {m["key"] for m in doc["config"]["measurements"]}
     assert {"add", "add-bulk", "process-c1", "process-c10-roc", "process-c100", "latency"} <= keys
     only = {m["key"]: m.get("only") for m in doc["config"]["measurements"]}
