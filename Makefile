@@ -51,6 +51,7 @@ prometheus:
 # so more workers than cores pay); TEST_WORKERS=0 runs it in this process. See tests/README.md.
 TEST_WORKERS ?= 4
 test: setup
+	$(VENV)/bin/ruff check .
 	$(VPY) -m mypy bullmq_compat
 	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 

@@ -7,43 +7,45 @@
 from bullmq_compat._errors import (
     BullMQCompatError,
     DelayedError,
-    RateLimitError,
-    UnrecoverableError,
-    WaitingChildrenError,
     InvalidArgument,
     InvalidJobData,
     InvalidJobId,
     InvalidJobOptions,
     InvalidQueueName,
     JobBelongsToJobScheduler,
+    JobFailed,
     JobHasFailedChildren,
     JobLockMismatch,
     JobLockNotFound,
     JobNotFound,
     JobNotInState,
     JobPendingChildren,
+    JobWaitTimeout,
     ParentJobCannotBeReplaced,
     ParentJobNotFound,
+    RateLimitError,
     RedisUnavailable,
     SchedulerJobIdCollision,
     SchedulerJobSlotsBusy,
     ScriptError,
+    UnrecoverableError,
     UpstreamScriptsMissing,
+    WaitingChildrenError,
 )
-from bullmq_compat._job import Job
 from bullmq_compat._flow import FlowProducer, JobNode
+from bullmq_compat._job import Job
 from bullmq_compat._queue import Queue
-from bullmq_compat._sandbox import ChildCrashed, SandboxedJob
-from bullmq_compat._worker import Worker
-from bullmq_compat._errors import JobFailed, JobWaitTimeout
 from bullmq_compat._queue_events import QueueEvents, QueueEventsProducer
+from bullmq_compat._sandbox import ChildCrashed, SandboxedJob
 from bullmq_compat._wire.upstream import UPSTREAM_VERSION
+from bullmq_compat._worker import Worker
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BullMQCompatError", "ChildCrashed", "DelayedError", "RateLimitError", "SandboxedJob",
-    "UnrecoverableError", "WaitingChildrenError", "Worker", "InvalidArgument", "InvalidJobData", "InvalidJobId", "InvalidJobOptions",
+    "UnrecoverableError", "WaitingChildrenError", "Worker", "InvalidArgument",
+    "InvalidJobData", "InvalidJobId", "InvalidJobOptions",
     "InvalidQueueName", "Job", "JobBelongsToJobScheduler", "JobHasFailedChildren", "JobLockMismatch",
     "JobLockNotFound", "JobNotFound", "JobNotInState", "JobPendingChildren", "ParentJobCannotBeReplaced",
     "ParentJobNotFound", "Queue", "RedisUnavailable", "SchedulerJobIdCollision", "SchedulerJobSlotsBusy",
@@ -55,6 +57,7 @@ from bullmq_compat._groups import GroupJobRefused, GroupKeeper  # noqa: E402
 from bullmq_compat._telemetry import Telemetry  # noqa: E402
 
 __all__ += ["GroupJobRefused", "GroupKeeper", "Telemetry"]
+from bullmq_compat._backends.postgres.migrator import migrate_postgres  # noqa: E402
 from bullmq_compat._errors import (  # noqa: E402
     InvalidSchemaName,
     PostgresDriverMissing,
@@ -63,7 +66,6 @@ from bullmq_compat._errors import (  # noqa: E402
     SchemaVersionMismatch,
     UnsupportedPostgresVersion,
 )
-from bullmq_compat._backends.postgres.migrator import migrate_postgres  # noqa: E402
 
 __all__ += ["InvalidSchemaName", "PostgresDriverMissing", "PostgresUnavailable", "SchemaMigrationRequired",
             "SchemaVersionMismatch", "UnsupportedPostgresVersion", "migrate_postgres"]

@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-
 from bullmq_compat._errors import BullMQCompatError, InvalidArgument
 from bullmq_compat._secrets import redact_url, scrub, secrets_of
 

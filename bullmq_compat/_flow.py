@@ -15,16 +15,20 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
+from opentelemetry.trace import SpanKind
+
 from bullmq_compat._backends import open_backend
 from bullmq_compat._backends.base import NewJob
 from bullmq_compat._errors import (
-    BullMQCompatError, InvalidArgument, InvalidJobOptions, ParentJobNotFound, script_error,
+    BullMQCompatError,
+    InvalidArgument,
+    InvalidJobOptions,
+    ParentJobNotFound,
+    script_error,
 )
 from bullmq_compat._job import Job
 from bullmq_compat._job_ids import JobIdGenerator, id_generator
 from bullmq_compat._queue import Connection, Queue, check_prefix, check_queue_name
-from opentelemetry.trace import SpanKind
-
 from bullmq_compat._telemetry import BULK_COUNT, BULK_NAMES, FLOW_NAME, JOB_ID, JOB_NAME, Telemetry, resolve
 from bullmq_compat._wire.options import merge_defaults, normalize_job_options
 

@@ -12,13 +12,11 @@ from bullmq_compat._errors import (
     InvalidArgument,
     JobLockNotFound,
     UnrecoverableError,
-    script_error,
 )
 from bullmq_compat._job_flow import FlowJobMixin
 from bullmq_compat._meter import record_job
 from bullmq_compat._wire import codec
-from bullmq_compat._wire.options import from_wire, normalize_job_options, to_node_names
-from bullmq_compat._wire.options import attempts_of, int_or_zero
+from bullmq_compat._wire.options import attempts_of, from_wire, int_or_zero, normalize_job_options, to_node_names
 
 if TYPE_CHECKING:
     from bullmq_compat._queue import QueueBase

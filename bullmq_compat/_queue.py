@@ -14,14 +14,16 @@ from bullmq_compat._backends.base import NewJob, QueueBackend, WorkerChannel, Wo
 from bullmq_compat._errors import InvalidArgument, InvalidQueueName, script_error
 from bullmq_compat._events import EventEmitter
 from bullmq_compat._groups import (
-    GROUP_OPTIONS, GroupsMixin, check_group_combination, group_add_refusal,
+    GROUP_OPTIONS,
+    GroupsMixin,
+    check_group_combination,
+    group_add_refusal,
 )
 from bullmq_compat._job import Job
 from bullmq_compat._job_ids import JobIdGenerator, id_generator
+from bullmq_compat._meter import JobMetrics
 from bullmq_compat._queue_manage import QueueManagementMixin
 from bullmq_compat._scheduler import JobSchedulerMixin, _template_opts, _upsert, normalize_repeat_options
-from bullmq_compat._meter import JobMetrics
-from bullmq_compat._telemetry import operation_span
 from bullmq_compat._telemetry import resolve_both as resolve_telemetry
 from bullmq_compat._wire import codec
 from bullmq_compat._wire.options import from_wire, merge_defaults, normalize_job_options, to_wire

@@ -20,11 +20,11 @@ import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-from bullmq_compat._cron import _zone, next_cron_millis, parse_cron
-from bullmq_compat._errors import BullMQCompatError, InvalidArgument, InvalidJobOptions, script_error
-from bullmq_compat._job import Job
 from opentelemetry.trace import SpanKind
 
+from bullmq_compat._cron import _zone, next_cron_millis, parse_cron
+from bullmq_compat._errors import BullMQCompatError, InvalidArgument, InvalidJobOptions
+from bullmq_compat._job import Job
 from bullmq_compat._telemetry import JOB_ID, JOB_SCHEDULER_ID
 from bullmq_compat._wire import codec
 from bullmq_compat._wire.options import JOB_OPTIONS, from_wire, normalize_job_options, to_wire

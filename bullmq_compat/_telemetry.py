@@ -74,8 +74,9 @@ class Telemetry:
     def __init__(self, tracer_provider: Any = None, tracer_name: str = TRACER_NAME, *,
                  meter_provider: Any = None, meter_name: Optional[str] = None,
                  enable_metrics: Optional[bool] = None, enable_tracing: bool = True) -> None:
-        from bullmq_compat import __version__
         from opentelemetry import metrics
+
+        from bullmq_compat import __version__
 
         self.tracer: Any = None
         if enable_tracing:

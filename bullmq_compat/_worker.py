@@ -22,8 +22,13 @@ import time
 import uuid
 from typing import Any, Awaitable, Callable, Mapping, Optional, Union
 
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from bullmq_compat import _telemetry as telemetry_attrs
+from bullmq_compat._backends.base import NextJob, WorkerChannel, WorkerSettings
 from bullmq_compat._backoff import BackoffStrategy
 from bullmq_compat._batch import BatchRunner, batch_options
+from bullmq_compat._cancellation import AbortController, AbortSignal
 from bullmq_compat._errors import (
     DelayedError,
     InvalidArgument,
@@ -35,18 +40,13 @@ from bullmq_compat._errors import (
     WaitingChildrenError,
 )
 from bullmq_compat._job import Job
-from bullmq_compat._cancellation import AbortController, AbortSignal
 from bullmq_compat._lock_manager import LockManager
-from bullmq_compat import _telemetry as telemetry_attrs
+from bullmq_compat._queue import Connection, QueueBase
+from bullmq_compat._scheduler import advance_for_worker
 from bullmq_compat._telemetry import operation_span
 from bullmq_compat._telemetry import resolve_both as resolve_telemetry
-from opentelemetry.trace import SpanKind, Status, StatusCode
-from bullmq_compat._queue import Connection, QueueBase
-from bullmq_compat._worker_locks import LockKeepingMixin
-from bullmq_compat._backends.base import NextJob, WorkerChannel, WorkerSettings
-from bullmq_compat._scheduler import advance_for_worker
-from bullmq_compat._wire import codec
 from bullmq_compat._wire.options import normalize_job_options
+from bullmq_compat._worker_locks import LockKeepingMixin
 
 logger = logging.getLogger("bullmq_compat.worker")
 

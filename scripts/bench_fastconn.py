@@ -27,7 +27,6 @@ from typing import Any, Awaitable, Callable
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from bullmq_compat._backends.redis.connection import RedisHandle  # noqa: E402  (its redis-py client)
-
 from bullmq_compat._backends.redis.fastconn import FastConnection  # noqa: E402
 
 SCRIPT = "return ARGV[1]"

@@ -13,7 +13,8 @@ Redis figures), but instead of the library a bare loop over the very calls bullm
 Kept honest, so that it is a floor the product could reach and not a trick: the same upstream
 scripts (loaded byte-identical from the npm tarball), the same keys, arguments and msgpack
 option packs as the product sends, over the product's own pipelining connection (hiredis
-framing, replies decoded to str in C); a lock token per moveToActive (the jobs fetched by moveToFinished keep it, as in the product); every reply read,
+framing, replies decoded to str in C); a lock token per moveToActive (the jobs fetched by moveToFinished
+keep it, as in the product); every reply read,
 checked and the job's data decoded from JSON; a no-op ``async`` processor awaited for each job,
 and the harness's 'completed' callback called. Left out is what a product must add around
 that, and which is what the floor measures: Job objects, option normalisation, events, lock
@@ -97,8 +98,8 @@ class FloorAdapter(Adapter):
     def _add(self, name: str, data: Any) -> Awaitable[Any]:
         keys = self.keys
         packed = self.pack([keys.prefix_key, "", name, int(time.time() * 1000), None, None, None, None, None, None])
-        return self.conn.execute("EVALSHA", self.add_script.sha, self.add_script.num_keys, *self.add_keys, packed, self.dumps(data),
-                                 self.pack({"attempts": 0}))
+        return self.conn.execute("EVALSHA", self.add_script.sha, self.add_script.num_keys, *self.add_keys, packed,
+                                 self.dumps(data), self.pack({"attempts": 0}))
 
     async def add(self, i: int) -> Any:
         job_id = await self._add(JOB_NAME, {"i": i})

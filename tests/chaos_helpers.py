@@ -22,9 +22,9 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional, Sequen
 
 import redis.asyncio as aioredis
 
+from tests._redis_server import RedisServer
 from tests.chaos_worker_proc import ALWAYS_REASON, FATAL_REASON
 from tests.group_helpers import Proc
-from tests._redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -27,7 +27,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, O
 import redis.asyncio as aioredis
 
 from bullmq_compat import Queue, Worker
-from tests.node import stop_process, INTEROP, NodeProcess
+from tests.node import INTEROP, NodeProcess, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 

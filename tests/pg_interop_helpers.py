@@ -14,9 +14,9 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional
 
 from bullmq_compat import Job, Queue, Worker
 from tests.helpers import eventually  # noqa: F401 (re-exported)
-from tests.processors import behave as process
 from tests.node import INTEROP, NodeProcess, node
 from tests.pg_node_helpers import apsql  # noqa: F401 (re-exported)
+from tests.processors import behave as process
 
 FLOW_JS = INTEROP / "flow.js"
 EVENTS_JS = INTEROP / "events.js"

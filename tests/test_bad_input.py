@@ -21,8 +21,8 @@ from bullmq_compat import (
     ParentJobNotFound,
     Queue,
     RedisUnavailable,
+    _errors,
 )
-from bullmq_compat import _errors
 
 PRIORITY_LIMIT = 2_097_151  # Node BullMQ's PRIORITY_LIMIT (2**21 - 1)
 

@@ -26,8 +26,19 @@ from typing import Any
 
 from bullmq_compat import Queue
 from tests.chaos_helpers import (
-    CHAOS, add_plan_part, chaos_worker, check_runs, delete_queue_keys, final_states, finish_events, plan_jobs,
-    poll_until, proc_lines, read_list, report, stdout_of,
+    CHAOS,
+    add_plan_part,
+    chaos_worker,
+    check_runs,
+    delete_queue_keys,
+    final_states,
+    finish_events,
+    plan_jobs,
+    poll_until,
+    proc_lines,
+    read_list,
+    report,
+    stdout_of,
 )
 
 JOBS = 20_000 if CHAOS else 2_000

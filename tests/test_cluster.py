@@ -18,9 +18,9 @@ from redis.asyncio.cluster import RedisCluster
 from bullmq_compat import FlowProducer, Queue, Worker
 from bullmq_compat._backends.redis.channel import RedisPyChannel
 from tests._cluster import LocalCluster, local_cluster
-from tests.node import NodeProcess, ROOT
-from tests.node_scripts import run_script
 from tests.helpers import wait_until
+from tests.node import ROOT, NodeProcess
+from tests.node_scripts import run_script
 
 PREFIX = "{bull}"
 FAST = {"drain_delay": 0.5, "prefix": PREFIX}

@@ -26,7 +26,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bullmq_compat import (
-    InvalidArgument, InvalidJobData, InvalidJobId, InvalidJobOptions, InvalidQueueName, Queue, Worker)
+    InvalidArgument,
+    InvalidJobData,
+    InvalidJobId,
+    InvalidJobOptions,
+    InvalidQueueName,
+    Queue,
+    Worker,
+)
 from tests.node import node
 
 RUN = uuid.uuid4().hex[:6]

@@ -15,8 +15,17 @@ import redis.asyncio as aioredis
 from bullmq_compat import Queue, Worker
 from bullmq_compat._groups import GroupJobRefused
 from tests.group_helpers import (
-    a_queue, check_groups, held_ids, keeper_proc, node_workers, python_workers, read_records, rec_key,
-    wait_records, wait_until)
+    a_queue,
+    check_groups,
+    held_ids,
+    keeper_proc,
+    node_workers,
+    python_workers,
+    read_records,
+    rec_key,
+    wait_records,
+    wait_until,
+)
 
 KEEP = {"id": "k", "keep_last_if_active": True}
 

@@ -15,8 +15,15 @@ import redis.asyncio as aioredis
 from bullmq_compat import InvalidArgument, Queue, Worker
 from bullmq_compat._wire import codec
 from tests.group_helpers import (
-    a_queue, held_ids,
-    check_groups, now_ms, python_workers, read_records, rec_key, wait_records, wait_until)
+    a_queue,
+    check_groups,
+    held_ids,
+    now_ms,
+    python_workers,
+    read_records,
+    rec_key,
+    wait_records,
+)
 
 # generous: every add of a test lands well within it even on a loaded machine
 WINDOW_MS = 3000

@@ -23,9 +23,24 @@ from bullmq_compat._errors import JobLockMismatch
 from bullmq_compat._groups import GroupJobRefused, GroupKeeper
 from tests._redis_server import RedisServer
 from tests.group_helpers import (
-    a_queue, held_ids,
-    HELD_JOBS, add_in_batches, check_groups, counts_by_group, group_jobs, keeper_proc, now_ms, python_worker_proc,
-    python_workers, read_records, rec_key, recording_processor, wait_completed, wait_records, wait_until)
+    HELD_JOBS,
+    a_queue,
+    add_in_batches,
+    check_groups,
+    counts_by_group,
+    group_jobs,
+    held_ids,
+    keeper_proc,
+    now_ms,
+    python_worker_proc,
+    python_workers,
+    read_records,
+    rec_key,
+    recording_processor,
+    wait_completed,
+    wait_records,
+    wait_until,
+)
 
 
 @contextlib.asynccontextmanager

@@ -11,8 +11,8 @@ from typing import Any, Callable
 import pytest
 
 from bullmq_compat import Job, JobFailed, Queue, QueueEvents, QueueEventsProducer, Worker
-from tests.node import INTEROP, NodeProcess, node
 from tests.helpers import wait_until
+from tests.node import INTEROP, NodeProcess, node
 
 pytestmark = pytest.mark.node
 

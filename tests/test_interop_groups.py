@@ -23,8 +23,22 @@ import redis.asyncio as aioredis
 from bullmq_compat import Queue, Worker
 from tests._redis_server import free_port
 from tests.group_helpers import (
-    HELD_JOBS, add_in_batches, check_groups, counts_by_group, group_jobs, keeper_proc, now_ms, node_workers,
-    python_worker_proc, python_workers, read_records, rec_key, wait_completed, wait_records, wait_until)
+    HELD_JOBS,
+    add_in_batches,
+    check_groups,
+    counts_by_group,
+    group_jobs,
+    keeper_proc,
+    node_workers,
+    now_ms,
+    python_worker_proc,
+    python_workers,
+    read_records,
+    rec_key,
+    wait_completed,
+    wait_records,
+    wait_until,
+)
 from tests.node import NodeError, NodeProcess, node
 
 pytestmark = pytest.mark.node

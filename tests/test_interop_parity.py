@@ -16,6 +16,10 @@ from tests.test_interop_dedup import add, final_state, run_python, same_results
 pytestmark = pytest.mark.node
 
 
+def _by_id(item: dict) -> str:
+    return str(item["id"])
+
+
 async def _make_state(queue: Queue, redis_url: str) -> None:
     """Waiting, prioritized, delayed, completed and failed jobs, with metrics recorded."""
     for i in range(3):
@@ -188,8 +192,7 @@ async def test_dependencies_page_is_nodes(redis_url: str, queue_name: str) -> No
             ours = await queue.get_dependencies(str(tree.job.id), kind, 0, -1)
             theirs = await _node_job(redis_url, queue_name, op="dependencies", id=tree.job.id, type=kind,
                                      start=0, end=-1)
-            key = (lambda item: item["id"])
-            assert sorted(ours["items"], key=key) == sorted(theirs["items"], key=key)
+            assert sorted(ours["items"], key=_by_id) == sorted(theirs["items"], key=_by_id)
             assert ours["total"] == theirs["total"]
             assert sorted(ours["jobs"], key=lambda j: j["name"]) == sorted(theirs["jobs"], key=lambda j: j["name"])
 

@@ -14,8 +14,18 @@ import pytest
 from bullmq_compat import Job, NotSupportedOnBackend, QueueEvents, migrate_postgres
 from bullmq_compat._errors import InvalidJobData, InvalidJobId
 from tests.node import NodeError, node
-from tests.pg_interop_helpers import (apsql, eventually, node_call, node_job, node_states, node_work, pg_of,
-                                      process, py_queue, py_worker)
+from tests.pg_interop_helpers import (
+    apsql,
+    eventually,
+    node_call,
+    node_job,
+    node_states,
+    node_work,
+    pg_of,
+    process,
+    py_queue,
+    py_worker,
+)
 
 pytestmark = pytest.mark.node
 

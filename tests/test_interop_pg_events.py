@@ -10,8 +10,17 @@ import pytest
 
 from bullmq_compat import JobFailed, QueueEvents
 from tests.node import node
-from tests.pg_interop_helpers import (apsql, eventually, events_js, node_call, node_states, node_work, pg_of, py_queue,
-                                      py_worker)
+from tests.pg_interop_helpers import (
+    apsql,
+    events_js,
+    eventually,
+    node_call,
+    node_states,
+    node_work,
+    pg_of,
+    py_queue,
+    py_worker,
+)
 
 pytestmark = pytest.mark.node
 

@@ -15,11 +15,10 @@ from typing import Any
 import pytest
 
 from tests._redis_server import free_port
-from tests.node import INTEROP, NodeError, NodeProcess, node, run_node
 from tests.helpers import eventually
+from tests.node import INTEROP, NodeError, NodeProcess, node, run_node
 from tests.node_scripts import run_script
-from tests.pg_node_helpers import (apsql, pg_args, pg_schema, postgres_url,  # noqa: F401 (fixtures)
-                                   schema_exists)
+from tests.pg_node_helpers import apsql, pg_args, pg_schema, postgres_url, schema_exists  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.node
 

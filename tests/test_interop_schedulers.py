@@ -16,8 +16,7 @@ from bullmq_compat import InvalidArgument, Queue
 from bullmq_compat._cron import KNOWN_DIFFERENCES, next_cron_millis
 from bullmq_compat._wire.options import JOB_OPTIONS
 from tests.node import INTEROP, ROOT, NodeProcess, node
-from tests.test_schedulers import (Recorder, check_on_time, check_run, millis_of, now_ms, run_worker,
-                                   scheduler_jobs)
+from tests.test_schedulers import Recorder, check_on_time, check_run, millis_of, now_ms, run_worker, scheduler_jobs
 
 pytestmark = pytest.mark.node
 

@@ -11,8 +11,8 @@ from typing import Any, Callable
 import pytest
 
 from bullmq_compat import Job, Queue, WaitingChildrenError, Worker
-from tests.node import NodeProcess, node
 from tests.helpers import wait_until
+from tests.node import NodeProcess, node
 from tests.processors import behave
 
 pytestmark = pytest.mark.node

@@ -19,9 +19,15 @@ import pytest
 import redis.asyncio as aioredis
 
 from bullmq_compat import (
-    FlowProducer, InvalidArgument, InvalidJobId, Job, Queue, QueueEvents, uuid7_ids,
+    FlowProducer,
+    InvalidArgument,
+    InvalidJobId,
+    Job,
+    Queue,
+    QueueEvents,
+    sync,
+    uuid7_ids,
 )
-from bullmq_compat import sync
 from bullmq_compat._job_ids import _UUID7
 from bullmq_compat._wire.options import check_job_id
 from tests.helpers import EventRecorder, wait_until

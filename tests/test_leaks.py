@@ -19,8 +19,17 @@ import redis.asyncio as aioredis
 
 from bullmq_compat import Queue, Worker
 from tests.chaos_helpers import (
-    CHAOS, EXPECTED_STATE, add_plan, chaos_worker, clients_of, local_ports, plan_jobs, poll_until, report,
-    rss_kb, socket_inodes,
+    CHAOS,
+    EXPECTED_STATE,
+    add_plan,
+    chaos_worker,
+    clients_of,
+    local_ports,
+    plan_jobs,
+    poll_until,
+    report,
+    rss_kb,
+    socket_inodes,
 )
 from tests.chaos_worker_proc import make_handler
 

@@ -11,8 +11,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from bullmq_compat import InvalidArgument, Queue, Telemetry, Worker
-from bullmq_compat import _meter, _telemetry
+from bullmq_compat import InvalidArgument, Queue, Telemetry, Worker, _meter, _telemetry
 from tests.meter_helpers import comparable, do_work, meters, python_metrics
 
 

@@ -7,10 +7,9 @@ from typing import Any
 import pytest
 
 from bullmq_compat import InvalidJobData, ParentJobNotFound
-from bullmq_compat._job import Job
 from bullmq_compat._backends.postgres.backend import PostgresBackend
+from bullmq_compat._job import Job
 from tests.postgres_helpers import add, add_one, complete, count_jobs, flow, new, stored, take
-
 
 # -- adding ---------------------------------------------------------------------------------------
 

@@ -7,11 +7,10 @@ from typing import Any
 import pytest
 
 from bullmq_compat import InvalidJobData, InvalidQueueName, JobNotFound, JobNotInState
+from bullmq_compat._backends.postgres.backend import PostgresBackend
 from bullmq_compat._errors import InvalidArgument, NotSupportedOnBackend
 from bullmq_compat._job import Job
-from bullmq_compat._backends.postgres.backend import PostgresBackend
 from tests.postgres_helpers import add, add_one, complete, count_jobs, fail, new, now, stored, take
-
 
 # -- reading ----------------------------------------------------------------------------------------
 

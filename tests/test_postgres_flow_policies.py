@@ -13,6 +13,7 @@ import pytest
 from bullmq_compat import FlowProducer, Job, Worker
 from tests.flow_helpers import policy_flow, process
 
+
 @contextlib.asynccontextmanager
 async def pg_workers(url: str, schema: str, queues: list[str]) -> AsyncIterator[None]:
     running = [Worker(name, process, connection=url, schema=schema, drain_delay=0.5) for name in queues]

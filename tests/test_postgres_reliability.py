@@ -19,20 +19,30 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import random
+import signal
 import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import psycopg
 import pytest
 
 from bullmq_compat import Queue, QueueEvents, Worker, migrate_postgres
 from tests._postgres_server import PostgresServer
-from tests.chaos_helpers import add_plan, add_plan_part, check_runs, now_ms, plan_jobs, poll_until, proc_lines, report, stdout_of
+from tests.chaos_helpers import (
+    add_plan,
+    add_plan_part,
+    check_runs,
+    now_ms,
+    plan_jobs,
+    poll_until,
+    proc_lines,
+    report,
+    stdout_of,
+)
 from tests.group_helpers import Proc
 
 

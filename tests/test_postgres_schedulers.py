@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from bullmq_compat._errors import JobBelongsToJobScheduler
 from bullmq_compat._backends.postgres.backend import PostgresBackend
+from bullmq_compat._errors import JobBelongsToJobScheduler
 from tests.postgres_helpers import now
-
 
 # -- job schedulers ---------------------------------------------------------------------------------
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -20,8 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from bullmq_compat import Queue, Worker, migrate_postgres
-from bullmq_compat import sync
+from bullmq_compat import Worker, migrate_postgres, sync
 from tests._postgres_server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent

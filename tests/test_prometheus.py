@@ -17,8 +17,14 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from bullmq_compat import (
-    InvalidArgument, MetricsUnavailable, Queue, Worker, serve_worker_metrics, stop_worker_metrics,
-    worker_metrics_port, worker_metrics_registry,
+    InvalidArgument,
+    MetricsUnavailable,
+    Queue,
+    Worker,
+    serve_worker_metrics,
+    stop_worker_metrics,
+    worker_metrics_port,
+    worker_metrics_registry,
 )
 from bullmq_compat._prometheus import QueueCollector, QueueReader, prometheus_client
 from tests._redis_server import free_port

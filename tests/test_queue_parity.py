@@ -5,7 +5,6 @@ ones whose answer crosses languages (the Prometheus text, deduplication decision
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from typing import Any, AsyncIterator
@@ -13,8 +12,18 @@ from typing import Any, AsyncIterator
 import pytest
 
 from bullmq_compat import (
-    ErrorCode, FlowProducer, InvalidArgument, InvalidJobOptions, Job, JobScheduler, MetricsTime,
-    ParentJobNotFound, Queue, QueueEvents, Worker, default_repeat_strategy,
+    ErrorCode,
+    FlowProducer,
+    InvalidArgument,
+    InvalidJobOptions,
+    Job,
+    JobScheduler,
+    MetricsTime,
+    ParentJobNotFound,
+    Queue,
+    QueueEvents,
+    Worker,
+    default_repeat_strategy,
 )
 from bullmq_compat._backends.base import QueueBackend
 from bullmq_compat._errors import script_error

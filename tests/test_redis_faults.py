@@ -25,14 +25,24 @@ from typing import Any, AsyncIterator
 import redis.asyncio as aioredis
 
 from bullmq_compat import Queue, QueueEvents, Worker
-from bullmq_compat._errors import JobLockMismatch, JobLockNotFound
 from bullmq_compat._backends.redis.backend import CONNECTION_ERRORS
+from bullmq_compat._errors import JobLockMismatch, JobLockNotFound
+from tests._redis_server import RedisServer
 from tests.chaos_helpers import (
-    CHAOS, KillableRedis, Plan, add_plan, check_runs, final_states, finish_events, now_ms, plan_jobs,
-    poll_until, read_list, report,
+    CHAOS,
+    KillableRedis,
+    Plan,
+    add_plan,
+    check_runs,
+    final_states,
+    finish_events,
+    now_ms,
+    plan_jobs,
+    poll_until,
+    read_list,
+    report,
 )
 from tests.chaos_worker_proc import make_handler
-from tests._redis_server import RedisServer
 from tests.helpers import captured_logs
 
 LOCK_MS = 1000

@@ -23,8 +23,8 @@ import redis.exceptions as redis_exc
 from redis.asyncio.sentinel import Sentinel
 
 from bullmq_compat import Queue, RedisUnavailable, Worker
-from bullmq_compat._errors import JobLockNotFound
 from bullmq_compat._backends.redis.connection import describe
+from bullmq_compat._errors import JobLockNotFound
 from tests._cluster import LocalSentinel, _command, local_sentinel
 from tests.helpers import wait_until
 

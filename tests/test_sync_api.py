@@ -6,8 +6,7 @@ import threading
 
 import pytest
 
-from bullmq_compat import BullMQCompatError, InvalidJobId
-from bullmq_compat import sync
+from bullmq_compat import BullMQCompatError, InvalidJobId, sync
 
 
 @pytest.fixture

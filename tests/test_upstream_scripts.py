@@ -12,10 +12,17 @@ from typing import Iterator
 import pytest
 import redis.asyncio as aioredis
 
-from bullmq_compat._errors import BullMQCompatError, UpstreamScriptsMissing
 from bullmq_compat._backends.redis import lua
+from bullmq_compat._backends.redis.lua import (
+    LuaIncludeError,
+    Script,
+    ScriptBuilder,
+    own_library,
+    own_script,
+    upstream_scripts,
+)
+from bullmq_compat._errors import BullMQCompatError, UpstreamScriptsMissing
 from bullmq_compat._wire import upstream
-from bullmq_compat._backends.redis.lua import LuaIncludeError, Script, ScriptBuilder, own_library, own_script, upstream_scripts
 
 FIXTURES = Path(__file__).parent / "lua_fixtures"
 

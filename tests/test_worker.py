@@ -21,8 +21,8 @@ from bullmq_compat import (
     UnrecoverableError,
     WaitingChildrenError,
     Worker,
+    _backoff,
 )
-from bullmq_compat import _backoff
 from bullmq_compat._backoff import builtin_delay, retry_delay
 from tests.helpers import EventRecorder, wait_until
 

@@ -10,8 +10,7 @@ from typing import Any, AsyncIterator
 
 import pytest
 
-from bullmq_compat import InvalidArgument, Queue, Worker
-from bullmq_compat import BatchJob
+from bullmq_compat import BatchJob, InvalidArgument, Queue, Worker
 from bullmq_compat._batch import BatchOptions, batch_options
 from tests.helpers import EventRecorder, running, wait_until
 

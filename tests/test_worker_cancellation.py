@@ -12,8 +12,16 @@ from typing import Any
 
 import pytest
 
-from bullmq_compat import (AbortController, AbortError, AbortSignal, InvalidArgument, Job, Queue,
-                           UnrecoverableError, Worker)
+from bullmq_compat import (
+    AbortController,
+    AbortError,
+    AbortSignal,
+    InvalidArgument,
+    Job,
+    Queue,
+    UnrecoverableError,
+    Worker,
+)
 from tests.helpers import a_queue, running, wait_until
 from tests.node_scripts import run_script
 
@@ -258,7 +266,8 @@ async def _py_twin(job: Job, token: str, signal: AbortSignal) -> Any:
 async def test_cancellation_as_node_sees_it(redis_url: str, queue_name: str, sandboxed: bool) -> None:
     """The same four jobs, each cancelled once its first attempt has started (on the processor's progress
     event), by Node's Worker and by ours (in-process, or both sandboxed: Node's child processes, our
-    use_processes=True): Node reads back the same state, attemptsMade, attemptsStarted, failedReason, returnvalue and stack trace count."""
+    use_processes=True): Node reads back the same state, attemptsMade, attemptsStarted, failedReason, returnvalue
+    and stack trace count."""
     reason = "cancelled by the operator"
     node_run = await run_script("cancel.js", {"redis": redis_url, "queue": f"{queue_name}-node", "op": "work",
                                               "jobs": JOBS, "reason": reason, "sandboxed": sandboxed})

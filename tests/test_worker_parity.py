@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from bullmq_compat import (FlowProducer, InvalidArgument, Job, LockManager, Queue, QueueEvents,
-                           WaitingError, Worker)
+from bullmq_compat import FlowProducer, InvalidArgument, Job, LockManager, Queue, QueueEvents, WaitingError, Worker
 from bullmq_compat._lock_manager import LockManager as _LM
 from tests.helpers import a_queue, running, wait_until
 

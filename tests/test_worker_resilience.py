@@ -21,8 +21,8 @@ from typing import Any, Optional
 import pytest
 
 from bullmq_compat import Queue, Worker
-from tests.helpers import Records, a_queue, running, wait_until
 from tests._redis_server import RedisServer
+from tests.helpers import Records, a_queue, running, wait_until
 from tests.node import node
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,9 +13,8 @@ value of the ``queue`` column, the namespace the connection's schema; there is n
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
-
 import uuid
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 from bullmq_compat._backends.base import (

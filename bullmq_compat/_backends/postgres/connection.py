@@ -19,9 +19,9 @@ import contextlib
 import select
 from typing import TYPE_CHECKING, Any, AsyncIterator, Optional, Sequence, Union
 
-from bullmq_compat._errors import InvalidArgument, PostgresUnavailable
 from bullmq_compat._backends.postgres import migrator, sql
 from bullmq_compat._backends.postgres.driver import load_psycopg, mask_password
+from bullmq_compat._errors import InvalidArgument, PostgresUnavailable
 from bullmq_compat._secrets import scrub, secrets_of
 
 if TYPE_CHECKING:

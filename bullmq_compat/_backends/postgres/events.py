@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from bullmq_compat._backends.base import EventsReader
 from bullmq_compat._backends.postgres import rows, sql
+from bullmq_compat._backends.postgres.rows import now_ms as rows_now_ms
 from bullmq_compat._backends.postgres.worker import is_connection_error, transient
 from bullmq_compat._errors import InvalidArgument
-from bullmq_compat._backends.postgres.rows import now_ms as rows_now_ms
 
 if TYPE_CHECKING:
     import psycopg

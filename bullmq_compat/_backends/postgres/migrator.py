@@ -18,6 +18,7 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Union
 
+from bullmq_compat._backends.postgres import sql
 from bullmq_compat._errors import (
     InvalidSchemaName,
     SchemaMigrationRequired,
@@ -25,7 +26,6 @@ from bullmq_compat._errors import (
     UnsupportedPostgresVersion,
     UpstreamScriptsMissing,
 )
-from bullmq_compat._backends.postgres import sql
 from bullmq_compat._wire import upstream
 
 if TYPE_CHECKING:

@@ -35,7 +35,13 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 from bullmq_compat._backends.base import FinishJob, JobFields, NextJob, WorkerChannel, WorkerSettings
 from bullmq_compat._backends.postgres import rows, sql
 from bullmq_compat._backends.postgres.lanes import Lanes, TextRow
-from bullmq_compat._errors import InvalidArgument, InvalidJobData, NotSupportedOnBackend, PostgresUnavailable, script_error
+from bullmq_compat._errors import (
+    InvalidArgument,
+    InvalidJobData,
+    NotSupportedOnBackend,
+    PostgresUnavailable,
+    script_error,
+)
 
 if TYPE_CHECKING:
     import psycopg

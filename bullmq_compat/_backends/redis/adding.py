@@ -5,10 +5,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from bullmq_compat._errors import InvalidArgument, InvalidJobOptions
-from bullmq_compat._wire import codec
 from bullmq_compat._backends.redis.keys import QueueKeys
 from bullmq_compat._backends.redis.lua import Script, upstream_scripts
+from bullmq_compat._errors import InvalidArgument, InvalidJobOptions
+from bullmq_compat._wire import codec
 from bullmq_compat._wire.options import from_wire, to_wire
 
 

@@ -9,8 +9,16 @@ from typing import Any, Awaitable, Iterator, Mapping, Optional, Sequence
 import redis.exceptions as redis_exc
 
 from bullmq_compat._backends.base import (
-    EventsReader, FinishJob, JobFields, NewJob, NextJob, QueueBackend, QueueFigures, WorkerChannel,
-    WorkerSettings, metrics_total,
+    EventsReader,
+    FinishJob,
+    JobFields,
+    NewJob,
+    NextJob,
+    QueueBackend,
+    QueueFigures,
+    WorkerChannel,
+    WorkerSettings,
+    metrics_total,
 )
 from bullmq_compat._backends.redis.adding import PlainAdd, PreparedAdd, checked_data, prepare_add
 from bullmq_compat._backends.redis.channel import Channel, FastChannel, blocking_client, open_channel

@@ -13,7 +13,14 @@ import redis.asyncio as aioredis
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bullmq_compat._backends.redis.fastconn import FastConnection, FastPathUnavailable, ReplyError
-from bullmq_compat._backends.redis.runner import FunctionLibraries, ScriptRunner, _argv, _function_missing, _refused, load_once
+from bullmq_compat._backends.redis.runner import (
+    FunctionLibraries,
+    ScriptRunner,
+    _argv,
+    _function_missing,
+    _refused,
+    load_once,
+)
 from bullmq_compat._backends.redis.worker_calls import Call
 
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import redis.exceptions as redis_exc
 
-from bullmq_compat._wire import codec
 from bullmq_compat._backends.redis.keys import QueueKeys
 from bullmq_compat._backends.redis.lua import Script, own_script
+from bullmq_compat._wire import codec
 
 if TYPE_CHECKING:
     from bullmq_compat._backends.redis.backend import RedisBackend

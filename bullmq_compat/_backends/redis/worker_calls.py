@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-from bullmq_compat._wire import codec
-from bullmq_compat._wire.options import attempts_of, int_or_zero  # noqa: F401 (re-exported)
 from bullmq_compat._backends.redis.keys import QueueKeys
 from bullmq_compat._backends.redis.lua import Script, own_script, upstream_scripts
+from bullmq_compat._wire import codec
+from bullmq_compat._wire.options import attempts_of, int_or_zero  # noqa: F401 (re-exported)
 
 Call = tuple[Script, list[Any], list[Any]]
 
