@@ -4,7 +4,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test bench bench-memory demo clean upstream interop browser postgres prometheus chaos
+.PHONY: setup test bench bench-memory demo clean upstream interop browser postgres prometheus chaos dist
 
 setup: $(STAMP) upstream interop interop/lua/addGroupJob.lua browser postgres prometheus
 
@@ -16,6 +16,13 @@ $(STAMP): pyproject.toml
 
 upstream: $(STAMP)
 	$(VPY) scripts/fetch_upstream.py
+
+# the sdist, then the wheel built from it, into dist/: both carry upstream's Lua, SQL and licence
+# (setup.py fetches them; BULLMQ_COMPAT_UPSTREAM_TARBALL=bullmq-6.7.0.tgz builds offline)
+dist: $(STAMP)
+	rm -rf dist
+	$(VPY) -m build --outdir dist .
+	$(VENV)/bin/twine check --strict dist/*
 
 interop: interop/node_modules/.package-lock.json
 
@@ -72,4 +79,4 @@ bench-memory: setup
 	$(VPY) scripts/bench_memory.py $(BENCH_MEMORY_ARGS)
 
 clean:
-	rm -rf $(VENV) bullmq_compat/_upstream interop/node_modules
+	rm -rf $(VENV) bullmq_compat/_upstream interop/node_modules dist build

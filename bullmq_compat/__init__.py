@@ -37,10 +37,9 @@ from bullmq_compat._job import Job
 from bullmq_compat._queue import Queue
 from bullmq_compat._queue_events import QueueEvents, QueueEventsProducer
 from bullmq_compat._sandbox import ChildCrashed, SandboxedJob
+from bullmq_compat._version import __version__
 from bullmq_compat._wire.upstream import UPSTREAM_VERSION
 from bullmq_compat._worker import Worker
-
-__version__ = "0.1.0"
 
 __all__ = [
     "BullMQCompatError", "ChildCrashed", "DelayedError", "RateLimitError", "SandboxedJob",

@@ -350,8 +350,18 @@ def cmd_lua(args: argparse.Namespace) -> int:
     return 0
 
 
+def version_line() -> str:
+    """``bullmq-compat 0.1.0 (upstream bullmq 6.7.0)``: what ``--version`` prints."""
+    from bullmq_compat._version import __version__
+    from bullmq_compat._wire.upstream import UPSTREAM_PACKAGE, UPSTREAM_VERSION
+
+    return f"bullmq-compat {__version__} (upstream {UPSTREAM_PACKAGE} {UPSTREAM_VERSION})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bullmq-compat", description="Node BullMQ-compatible queues from Python")
+    parser.add_argument("--version", action="version", version=version_line(),
+                        help="print our version and the upstream BullMQ it pins, then exit")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--redis", default=DEFAULT_REDIS,
                         help=f"Redis URL, rediss:// for TLS (default {redact_url(DEFAULT_REDIS)}, or $REDIS_URL)")
@@ -442,8 +452,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(run=cmd_bench)
 
-    p = sub.add_parser("fetch-upstream", help="fetch the pinned upstream BullMQ scripts (needs npm)")
-    p.set_defaults(run=lambda args: __import__("bullmq_compat._wire.fetch", fromlist=["main"]).main())
+    from bullmq_compat._wire import fetch
+
+    p = sub.add_parser("fetch-upstream", help="fetch the pinned upstream BullMQ scripts and SQL (needs npm, or --tarball)")
+    fetch.add_arguments(p)
+    p.set_defaults(run=lambda args: fetch.run(args.tarball, args.into))
 
     p = sub.add_parser("lua", help="print one of our built Lua scripts (e.g. addGroupJob)")
     p.add_argument("name")

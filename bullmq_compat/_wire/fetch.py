@@ -1,10 +1,12 @@
 """Fetch the pinned upstream BullMQ Lua scripts and PostgreSQL SQL into ``bullmq_compat/_upstream/``.
 
-Usage: ``bullmq-compat fetch-upstream`` (any install; needs npm), or from a clone
-``python scripts/fetch_upstream.py`` (what ``make setup`` runs).
+Usage: ``bullmq-compat fetch-upstream`` (needs npm), ``bullmq-compat fetch-upstream --tarball
+bullmq-6.7.0.tgz`` (offline: a tarball downloaded elsewhere, same checks), or from a clone
+``python scripts/fetch_upstream.py`` (what ``make setup`` runs). Building the sdist or the wheel
+runs it too (setup.py), so a built package carries the files and needs neither Node nor npm.
 
-Downloads the pinned npm tarball with ``npm pack``, refuses it unless its sha512 matches the pin
-in ``bullmq_compat/_wire/upstream.py``, and extracts only the files we use:
+Downloads the pinned npm tarball with ``npm pack`` (or takes the one given), refuses it unless its
+sha512 matches the pin in ``bullmq_compat/_wire/upstream.py``, and extracts only the files we use:
 
 * ``dist/cjs/commands/*.lua``          -> ``_upstream/commands/``
 * ``dist/cjs/commands/includes/*.lua`` -> ``_upstream/commands/includes/``
@@ -14,10 +16,16 @@ in ``bullmq_compat/_wire/upstream.py``, and extracts only the files we use:
   -> ``_upstream/postgres/commands/<name>.sql`` and ``_upstream/postgres/migrations/<name>.sql``,
   byte for byte; each migration must match its sha256 pin in ``upstream.py``
 
+* ``LICENSE``                           -> ``_upstream/LICENSE`` (upstream's MIT licence, shipped beside its files)
+
 then writes ``_upstream/VERSION``. Does nothing when that stamp already matches the pin.
+
+This module imports only the standard library, `upstream` and `_errors`, so setup.py can run it
+before the package's dependencies are installed.
 """
 from __future__ import annotations
 
+import argparse
 import base64
 import hashlib
 import json
@@ -44,6 +52,7 @@ _WANTED: tuple[tuple[str, str, re.Pattern[str]], ...] = (
 
 
 _SQL_SCRIPTS_MEMBER = "package/dist/cjs/postgres/sql-scripts.js"
+_LICENSE_MEMBER = "package/LICENSE"
 _SQL_NAME = re.compile(r"[A-Za-z0-9_]+\.sql\Z")
 # object literal -> destination (inside UPSTREAM_DIR)
 _SQL_LITERALS = (("SQL_COMMANDS", "postgres/commands"), ("SQL_MIGRATIONS", "postgres/migrations"))
@@ -181,7 +190,7 @@ def _extract(tarball: Path, target: Path) -> int:
                 if scripts is not None:
                     count += _write_sql(scripts.read().decode("utf-8"), target)
                 continue
-            rel = _destination(member)
+            rel = "LICENSE" if member.isfile() and member.name == _LICENSE_MEMBER else _destination(member)
             if rel is None:
                 continue
             source = tar.extractfile(member)
@@ -194,20 +203,37 @@ def _extract(tarball: Path, target: Path) -> int:
     return count
 
 
-def fetch() -> str:
-    """Fetch, verify and install the pinned scripts; returns a one-line summary."""
-    spec = f"{upstream.UPSTREAM_PACKAGE}@{upstream.UPSTREAM_VERSION}"
-    if upstream.is_current():
-        return f"upstream {spec} already fetched in {upstream.UPSTREAM_DIR}"
+def _check_tarball(path: Path) -> None:
+    if not path.is_file():
+        raise FetchError(f"--tarball {path}: no such file (download it with 'npm pack "
+                         f"{upstream.UPSTREAM_PACKAGE}@{upstream.UPSTREAM_VERSION}' on a machine with npm)")
+    if not tarfile.is_tarfile(path):
+        raise FetchError(f"--tarball {path} is not a tar archive: expected the npm package "
+                         f"{upstream.UPSTREAM_PACKAGE}-{upstream.UPSTREAM_VERSION}.tgz")
 
-    final = upstream.UPSTREAM_DIR
+
+def fetch(tarball: Path | None = None, target: Path | None = None) -> str:
+    """Fetch, verify and install the pinned scripts; returns a one-line summary.
+
+    ``tarball``: a ``bullmq-<version>.tgz`` already on disk (no npm, no network); ``target``: where
+    to put the files (default :data:`upstream.UPSTREAM_DIR`, the package's own ``_upstream``).
+    """
+    spec = f"{upstream.UPSTREAM_PACKAGE}@{upstream.UPSTREAM_VERSION}"
+    final = upstream.UPSTREAM_DIR if target is None else target
+    if upstream.is_current(final):
+        return f"upstream {spec} already fetched in {final}"
+    if tarball is not None:
+        _check_tarball(tarball)
+
     final.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bullmq-upstream-") as tmp:
-        tarball = _npm_pack(spec, Path(tmp))
+        if tarball is None:
+            tarball = _npm_pack(spec, Path(tmp))
         got = _integrity(tarball)
         if got != upstream.UPSTREAM_INTEGRITY:
             raise FetchError(
-                f"refusing {tarball.name}: integrity {got} does not match the pin {upstream.UPSTREAM_INTEGRITY}"
+                f"refusing {tarball.name}: integrity {got} does not match the pin {upstream.UPSTREAM_INTEGRITY} "
+                f"(it is not the npm package {spec})"
             )
         # Build next to the final place, then swap, so an interrupted fetch never leaves a
         # half-filled directory that looks current.
@@ -215,8 +241,9 @@ def fetch() -> str:
         try:
             count = _extract(tarball, staging)
             if (not any((staging / "commands").glob("*.lua")) or not any((staging / "ready").glob("*.js"))
-                    or not any((staging / "postgres" / "migrations").glob("*.sql"))):
-                raise FetchError(f"{tarball.name} does not contain the expected dist/cjs scripts")
+                    or not any((staging / "postgres" / "migrations").glob("*.sql"))
+                    or not (staging / "LICENSE").is_file()):
+                raise FetchError(f"{tarball.name} does not contain the expected dist/cjs scripts and LICENSE")
             (staging / "VERSION").write_text(upstream.UPSTREAM_VERSION + "\n", encoding="utf-8")
             if final.exists():
                 shutil.rmtree(final)
@@ -227,9 +254,27 @@ def fetch() -> str:
     return f"fetched upstream {spec} ({count} files, {got[:20]}...) into {final}"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """``bullmq-compat fetch-upstream [--tarball FILE] [--into DIR]``; ``scripts/fetch_upstream.py``."""
+    parser = argparse.ArgumentParser(prog="bullmq-compat fetch-upstream", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    return run(args.tarball, args.into)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``fetch-upstream`` (shared by the CLI's subcommand and the script)."""
+    parser.add_argument("--tarball", type=Path, metavar="FILE",
+                        help=f"use this {upstream.UPSTREAM_PACKAGE}-{upstream.UPSTREAM_VERSION}.tgz instead of "
+                             "'npm pack' (offline; its sha512 is checked the same way)")
+    parser.add_argument("--into", type=Path, metavar="DIR",
+                        help="write the files here instead of the package's own _upstream folder")
+
+
+def run(tarball: Path | None, into: Path | None) -> int:
+    """Fetch and print one line; a failure prints one line on stderr and returns 1."""
     try:
-        print(fetch())
+        print(fetch(tarball, into))
     except FetchError as exc:
         print(f"fetch-upstream: error: {exc}", file=sys.stderr)
         return 1

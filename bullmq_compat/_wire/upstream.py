@@ -38,26 +38,29 @@ UPSTREAM_DIR = Path(__file__).resolve().parent.parent / "_upstream"
 """Fetched copy of the pinned release (git-ignored). Holds ``commands/``, ``ready/``, ``postgres/``
 (``commands/*.sql``, ``migrations/*.sql``) and ``VERSION``."""
 
-FETCH_HINT = "run 'make setup' in a clone, or 'bullmq-compat fetch-upstream' (needs npm)"
+FETCH_HINT = ("install a built package (pip install bullmq-compat: the wheel carries them), or run 'make setup' in a "
+              "clone, or 'bullmq-compat fetch-upstream' (needs npm; --tarball FILE offline)")
 
 
-def stamp_path() -> Path:
+def stamp_path(directory: Path | None = None) -> Path:
     """The file recording which upstream version the fetched copy came from."""
-    return UPSTREAM_DIR / "VERSION"
+    return (UPSTREAM_DIR if directory is None else directory) / "VERSION"
 
 
-def fetched_version() -> str | None:
+def fetched_version(directory: Path | None = None) -> str | None:
     """The version of the fetched copy, or ``None`` when nothing (readable) has been fetched."""
     try:
-        return stamp_path().read_text(encoding="utf-8").strip() or None
+        return stamp_path(directory).read_text(encoding="utf-8").strip() or None
     except OSError:
         return None
 
 
-def is_current() -> bool:
-    """Whether the fetched copy exists, matches the pin and holds every part (a copy fetched before
-    the SQL was extracted counts as stale)."""
-    return fetched_version() == UPSTREAM_VERSION and (UPSTREAM_DIR / "postgres" / "migrations").is_dir()
+def is_current(directory: Path | None = None) -> bool:
+    """Whether the fetched copy (in ``directory``, default :data:`UPSTREAM_DIR`) exists, matches the pin
+    and holds every part (a copy fetched before the SQL or the licence was extracted counts as stale)."""
+    where = UPSTREAM_DIR if directory is None else directory
+    return (fetched_version(where) == UPSTREAM_VERSION and (where / "postgres" / "migrations").is_dir()
+            and (where / "LICENSE").is_file())
 
 
 def _checked(sub: str, what: str = "Lua scripts") -> Path:
