@@ -137,14 +137,15 @@ INSTALLED_RUN = textwrap.dedent('''
 ''')
 
 
-@pytest.fixture(scope="module")
-def installed(built: dict[str, Path]) -> Path:
-    """A new venv with the built wheel and its [postgres] extra installed; returns its bin folder."""
-    venv = built["work"] / "venv"
+@pytest.fixture(scope="module", params=["wheel", "sdist"])
+def installed(request: pytest.FixtureRequest, built: dict[str, Path]) -> Path:
+    """A new venv with the built wheel (or the sdist, built by pip with PATH = the venv's bin: no npm)
+    and its [postgres] extra installed; returns its bin folder."""
+    venv = built["work"] / f"venv-{request.param}"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
     bin_dir = venv / "bin"
     _run([str(bin_dir / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-          f"{built['wheel']}[postgres]"], cwd=built["work"], path=str(bin_dir))
+          f"{built[request.param]}[postgres]"], cwd=built["work"], path=str(bin_dir))
     return bin_dir
 
 
