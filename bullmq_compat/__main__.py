@@ -286,7 +286,8 @@ def board_argv(args: argparse.Namespace) -> list[str]:
     """board.js's command line: the Redis URL is not on it (the process list would show its
     password to every local user) but in the environment, see `cmd_board`."""
     where = ["--schema", args.schema] if getattr(args, "postgres", None) else ["--prefix", args.prefix]
-    argv = ["node", str(REPO_ROOT / "interop" / "board.js"), "--port", str(args.port), *where, "--host", args.host]
+    argv = ["node", str(Path(__file__).resolve().parent / "_board" / "board.js"), "--port", str(args.port), *where,
+            "--host", args.host]
     if args.read_only:
         argv += ["--read-only", "true"]
     for name in args.queue:
@@ -303,7 +304,9 @@ def cmd_board(args: argparse.Namespace) -> int:
               " without logging in. Put it behind an authenticating proxy"
               f"{'' if args.read_only else ', or pass --read-only'}.", file=sys.stderr, flush=True)
     url_variable = "BULLMQ_COMPAT_POSTGRES_URL" if getattr(args, "postgres", None) else "BULLMQ_COMPAT_REDIS_URL"
-    proc = subprocess.Popen(board_argv(args), env={**os.environ, url_variable: args.postgres or args.redis})
+    env = {**os.environ, url_variable: args.postgres or args.redis,
+           "NODE_PATH": str(REPO_ROOT / "interop" / "node_modules")}  # board.js ships in the package: its modules
+    proc = subprocess.Popen(board_argv(args), env=env)
     # SIGTERM to us stops the board too (it is our child: it must not outlive us)
     previous = {sig: signal.signal(sig, lambda signum, _frame: proc.send_signal(signum))
                 for sig in (signal.SIGTERM, signal.SIGINT)}
