@@ -313,8 +313,11 @@ def cmd_board(args: argparse.Namespace) -> int:
     from bullmq_compat import _board_node
 
     if args.install:
-        # with --json stdout is for the board's JSON line only: the steps go to stderr
-        _board_node.install(lambda text: print(text, file=sys.stderr if args.json else sys.stdout, flush=True))
+        # with --json stdout is for the board's JSON line only: the steps (and npm's output) go to stderr
+        out = sys.stderr if args.json else sys.stdout
+        out.flush()
+        _board_node.install(lambda text: print(text, file=out, flush=True),
+                            npm_stdout=sys.stderr if args.json else None, then_start=bool(args.queue))
         if not args.queue:
             return 0
     elif not args.queue:

@@ -21,7 +21,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import IO, Callable, Optional
 
 from bullmq_compat import __version__
 from bullmq_compat._errors import BullMQCompatError
@@ -111,9 +111,10 @@ def node_binary() -> str:
     return node
 
 
-def install(say: Callable[[str], None]) -> Path:
+def install(say: Callable[[str], None], npm_stdout: Optional[IO[str]] = None, then_start: bool = False) -> Path:
     """Copies board.js, package.json and package-lock.json into `cache_dir()` and runs
-    ``npm ci --omit=dev --no-audit --no-fund`` there; ``say`` gets a line per step."""
+    ``npm ci --omit=dev --no-audit --no-fund`` there; ``say`` gets a line per step, npm's own
+    output goes to ``npm_stdout`` (None: ours)."""
     node_binary()
     npm = shutil.which("npm")
     if npm is None:
@@ -135,11 +136,11 @@ def install(say: Callable[[str], None]) -> Path:
     say(f"copied {', '.join(FILES)} from {PACKAGED}")
     say(f"running: npm {' '.join(NPM_CI)}   (in {target}; it downloads the modules the first time)")
     try:
-        code = subprocess.run([npm, *NPM_CI], cwd=target).returncode
+        code = subprocess.run([npm, *NPM_CI], cwd=target, stdout=npm_stdout).returncode
     except OSError as err:
         raise BoardSetupError(f"cannot run {npm} ({err}): check with 'npm --version'") from None
     if code != 0:
         raise BoardSetupError(f"npm ci in {target} failed (exit {code}; its output is above): fix what it says, "
                               "then run 'bullmq-compat board --install' again")
-    say(f"Bull-Board is installed in {target}: start it with 'bullmq-compat board --queue NAME'")
+    say(f"Bull-Board is installed in {target}" + ("" if then_start else ": start it with 'bullmq-compat board --queue NAME'"))
     return target

@@ -98,6 +98,17 @@ def test_without_node_on_path_it_says_node_20_is_needed(tmp_path: Path, args: li
     assert not (tmp_path / "cache").exists()
 
 
+def test_a_node_older_than_20_is_named(tmp_path: Path) -> None:
+    folder = tmp_path / "old"
+    folder.mkdir()
+    node = folder / "node"
+    node.write_text("#!/bin/sh\necho v18.19.0\n")
+    node.chmod(0o755)
+    result = cli("board", "--queue", "q", env=environment(tmp_path, PATH=str(folder)), cwd=ROOT)
+    assert one_line_error(result) == (f"bullmq-compat: board needs Node.js 20+; {node} --version says v18.19.0: "
+                                      "install Node.js 20 or later")
+
+
 @pytest.mark.node
 def test_install_without_npm_says_so(tmp_path: Path) -> None:
     site = installed_copy(tmp_path)
@@ -129,8 +140,9 @@ def test_install_leaves_another_node_project_alone(tmp_path: Path) -> None:
 class RunningBoard:
     """``python -m bullmq_compat board ...`` in the background, up to its first stdout line."""
 
-    def __init__(self, *args: str, env: dict[str, str], cwd: Path) -> None:
+    def __init__(self, *args: str, env: dict[str, str], cwd: Path, start_timeout: float = 60) -> None:
         self.argv = [sys.executable, "-m", "bullmq_compat", "board", *args]
+        self.start_timeout = start_timeout
         self.env, self.cwd = env, cwd
         self.proc: asyncio.subprocess.Process | None = None
         self.first_line = ""
@@ -141,7 +153,7 @@ class RunningBoard:
                                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         assert self.proc.stdout is not None and self.proc.stderr is not None
         try:
-            line = await asyncio.wait_for(self.proc.stdout.readline(), 60)
+            line = await asyncio.wait_for(self.proc.stdout.readline(), self.start_timeout)
         except BaseException:
             self.proc.kill()
             await self.proc.wait()
@@ -219,3 +231,15 @@ async def test_install_then_the_board_runs_from_the_cache(redis_url: str, queue_
     stale = cli("board", "--queue", queue_name, env=env, cwd=tmp_path)
     assert one_line_error(stale) == (
         f"bullmq-compat: Bull-Board in {cache} was installed by another bullmq-compat: {INSTALL_HINT}")
+
+    # --install --json --queue: installs again (the steps and npm's output on stderr), then serves
+    port = free_port()
+    async with RunningBoard("--install", "--json", "--queue", queue_name, "--port", str(port), env=env, cwd=tmp_path,
+                            start_timeout=600) as board:
+        assert json.loads(board.first_line) == {"listening": f"http://127.0.0.1:{port}/", "readOnly": False}
+        status, _ = await asyncio.to_thread(get, f"http://127.0.0.1:{port}/")
+        assert status == 200
+    assert board.proc is not None and board.proc.returncode == 0, board.stderr
+    assert f"installing Bull-Board into {cache}\n".encode() in board.stderr
+    assert f"Bull-Board is installed in {cache}\n".encode() in board.stderr
+    assert (cache / "board.js").read_bytes() == (ROOT / "bullmq_compat" / "_board" / "board.js").read_bytes()
