@@ -282,11 +282,15 @@ async def cmd_metrics(args: argparse.Namespace) -> int:
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 
 
-def board_argv(args: argparse.Namespace) -> list[str]:
+def board_argv(args: argparse.Namespace, node: str = "node", script: Optional[Path] = None) -> list[str]:
     """board.js's command line: the Redis URL is not on it (the process list would show its
     password to every local user) but in the environment, see `cmd_board`."""
+    if script is None:
+        from bullmq_compat._board_node import PACKAGED
+
+        script = PACKAGED / "board.js"
     where = ["--schema", args.schema] if getattr(args, "postgres", None) else ["--prefix", args.prefix]
-    argv = ["node", str(REPO_ROOT / "interop" / "board.js"), "--port", str(args.port), *where, "--host", args.host]
+    argv = [node, str(script), "--port", str(args.port), *where, "--host", args.host]
     if args.read_only:
         argv += ["--read-only", "true"]
     for name in args.queue:
@@ -294,20 +298,50 @@ def board_argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
+def _board_started_line(args: argparse.Namespace, line: bytes) -> str:
+    """board.js's {"listening": url, "readOnly": bool} line, for a person."""
+    try:
+        ready = json.loads(line)
+        url, read_only = str(ready["listening"]), bool(ready.get("readOnly"))
+    except (ValueError, TypeError, KeyError):
+        return line.decode(errors="replace").rstrip("\n")
+    which = f"queue{'s' if len(args.queue) > 1 else ''} {', '.join(args.queue)}"
+    return f"Bull-Board for {which} on {_where(args)} at {url}{' (read-only)' if read_only else ''}; Ctrl-C to stop"
+
+
 def cmd_board(args: argparse.Namespace) -> int:
-    if not (REPO_ROOT / "interop" / "node_modules").is_dir() or shutil.which("node") is None:
-        raise CliError("Bull-Board needs Node.js and interop/node_modules: run 'make setup' in the repository")
+    from bullmq_compat import _board_node
+
+    if args.install:
+        # with --json stdout is for the board's JSON line only: the steps (and npm's output) go to stderr
+        out = sys.stderr if args.json else sys.stdout
+        out.flush()
+        _board_node.install(lambda text: print(text, file=out, flush=True),
+                            npm_stdout=sys.stderr if args.json else None, then_start=bool(args.queue))
+        if not args.queue:
+            return 0
+    elif not args.queue:
+        raise CliError("board needs --queue NAME (repeat it for more queues), or --install to install Bull-Board")
+    node = _board_node.node_binary()
+    project = _board_node.resolve()
     if args.host not in LOOPBACK_HOSTS:
         print(f"bullmq-compat: warning: Bull-Board is bound to {args.host}, beyond loopback: anyone who can reach "
               f"port {args.port} there can see job data{'' if args.read_only else ' and retry, promote, clean or remove jobs'}"
               " without logging in. Put it behind an authenticating proxy"
               f"{'' if args.read_only else ', or pass --read-only'}.", file=sys.stderr, flush=True)
     url_variable = "BULLMQ_COMPAT_POSTGRES_URL" if getattr(args, "postgres", None) else "BULLMQ_COMPAT_REDIS_URL"
-    proc = subprocess.Popen(board_argv(args), env={**os.environ, url_variable: args.postgres or args.redis})
+    env = {**os.environ, **project.env, url_variable: args.postgres or args.redis}
+    proc = subprocess.Popen(board_argv(args, node, project.script), env=env, stdout=subprocess.PIPE)
     # SIGTERM to us stops the board too (it is our child: it must not outlive us)
     previous = {sig: signal.signal(sig, lambda signum, _frame: proc.send_signal(signum))
                 for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # {"listening": ...} once it serves; nothing if it failed to start
+        if line:
+            print(line.decode(errors="replace").rstrip("\n") if args.json else _board_started_line(args, line),
+                  flush=True)
+            shutil.copyfileobj(proc.stdout, sys.stdout.buffer)  # anything else it prints, as it is
         return proc.wait()
     finally:
         for sig, handler in previous.items():
@@ -436,13 +470,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep-interval", type=float, default=5.0, help="seconds between sweeps")
     p.set_defaults(run=cmd_keeper)
 
-    p = sub.add_parser("board", parents=[common], help="serve Bull-Board for queues (needs interop/)")
-    p.add_argument("--queue", action="append", required=True)
+    p = sub.add_parser("board", parents=[common], help="serve Bull-Board for queues (needs Node.js 20+)",
+                       epilog="Bull-Board runs on Node.js: from an installed package run 'bullmq-compat board "
+                              "--install' once (npm ci into ~/.cache/bullmq-compat, or $BULLMQ_COMPAT_BOARD_DIR)")
+    p.add_argument("--queue", action="append", default=[], help="a queue to show (repeat for more)")
     p.add_argument("--port", type=int, default=3000)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: this machine only; anything else prints a warning)")
     p.add_argument("--read-only", action="store_true",
                    help="Bull-Board's read-only mode: no retry, promote, clean or remove buttons")
+    p.add_argument("--install", action="store_true",
+                   help="install Bull-Board's Node modules (npm ci) into the per-user cache first; "
+                        "without --queue it then exits")
+    p.add_argument("--json", action="store_true",
+                   help='print the start-up line as JSON: {"listening": URL, "readOnly": BOOL}')
     p.set_defaults(run=cmd_board)
 
     p = sub.add_parser("migrate", parents=[common], help="create or upgrade a PostgreSQL schema (Node's migrations)")

@@ -1,6 +1,6 @@
 'use strict';
 // Which datastore an interop script talks to, from its JSON args (shared by cli.js, flow.js,
-// events.js, dedup.js and board.js).
+// events.js and dedup.js; bullmq_compat/_board/board.js has its own copy of the little it needs).
 //
 //   Redis (the default):  {"redis": "redis://127.0.0.1:6379", "prefix": "bull"}
 //   PostgreSQL:           {"postgres": "postgresql://postgres@127.0.0.1:5432/test",

@@ -126,9 +126,10 @@ def main() -> int:
         # the URL goes in the environment, not on the process list (its password would show there)
         variable = "BULLMQ_COMPAT_POSTGRES_URL" if BACKEND == "postgres" else "BULLMQ_COMPAT_REDIS_URL"
         where = ["--schema", SCHEMA] if BACKEND == "postgres" else []
-        board = subprocess.Popen(["node", str(ROOT / "interop" / "board.js"), *where, "--port", str(PORT),
-                                  "--queue", QUEUE], cwd=ROOT, stdout=subprocess.PIPE,
-                                 env={**os.environ, variable: url})
+        # the board ships in the package (bullmq_compat/_board/); its Node modules are interop's here
+        board = subprocess.Popen(["node", str(ROOT / "bullmq_compat" / "_board" / "board.js"), *where, "--port",
+                                  str(PORT), "--queue", QUEUE], cwd=ROOT, stdout=subprocess.PIPE,
+                                 env={**os.environ, variable: url, "NODE_PATH": str(ROOT / "interop" / "node_modules")})
         started.append(board)
         line = board.stdout.readline() if board.stdout else b""  # {"listening": ...}
         if not line:

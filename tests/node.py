@@ -1,4 +1,4 @@
-"""Drive the Node.js BullMQ side of the interop tests (interop/cli.js, interop/board.js).
+"""Drive the Node.js BullMQ side of the interop tests (interop/cli.js, bullmq_compat/_board/board.js).
 
 ``await node(op, **args)`` runs one ``interop/cli.js`` command (in this test process's
 ``cli.js serve`` command server) and returns its JSON result;
@@ -26,7 +26,8 @@ from typing import Any, Sequence
 ROOT = Path(__file__).resolve().parent.parent
 INTEROP = ROOT / "interop"
 CLI = INTEROP / "cli.js"
-BOARD = INTEROP / "board.js"
+# the board ships in the package; in a clone its Node modules are interop/node_modules (NODE_PATH)
+BOARD = ROOT / "bullmq_compat" / "_board" / "board.js"
 
 # Slack on top of a command's own time budget before we give up on the subprocess.
 _SLACK_S = 30.0
@@ -278,8 +279,9 @@ class NodeProcess:
 
     def __init__(self, script: str | os.PathLike[str], *argv: str, wait_for_line: bool = True,
                  start_timeout: float = 30.0, stop_timeout: float = 10.0,
-                 result_timeout: float = 60.0 + _SLACK_S) -> None:
+                 result_timeout: float = 60.0 + _SLACK_S, env: dict[str, str] | None = None) -> None:
         self.script = Path(script)
+        self.env = env  # added to os.environ
         if not self.script.is_absolute():
             self.script = ROOT / self.script
         self.argv = tuple(argv)
@@ -298,7 +300,7 @@ class NodeProcess:
     def board(cls, redis: str | None, port: int, queues: Sequence[str], prefix: str = "bull", *,
               postgres: str | None = None, schema: str | None = None,
               migrate: bool | None = None) -> "NodeProcess":
-        """Bull-Board (interop/board.js) over ``queues``, on 127.0.0.1:``port``: on Redis at
+        """Bull-Board (bullmq_compat/_board/board.js) over ``queues``, on 127.0.0.1:``port``: on Redis at
         ``redis`` (keys under ``prefix``), or with ``redis=None, postgres=url, schema=name`` on
         Node's PostgreSQL backend (``migrate=True`` lets Node create the schema)."""
         if (redis is None) == (postgres is None):
@@ -314,7 +316,7 @@ class NodeProcess:
                 argv += ["--migrate", "true" if migrate else "false"]
         for queue in queues:
             argv += ["--queue", queue]
-        return cls(BOARD, *argv)
+        return cls(BOARD, *argv, env={"NODE_PATH": str(INTEROP / "node_modules")})
 
     @classmethod
     def work(cls, **args: Any) -> "NodeProcess":
@@ -340,7 +342,7 @@ class NodeProcess:
         binary = _node_binary()
         self.proc = await asyncio.create_subprocess_exec(
             binary, str(self.script), *self.argv,
-            cwd=str(ROOT), stdin=asyncio.subprocess.DEVNULL,
+            cwd=str(ROOT), stdin=asyncio.subprocess.DEVNULL, env={**os.environ, **self.env} if self.env else None,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )
         self._stderr_task = asyncio.create_task(self._drain_stderr())

@@ -146,13 +146,13 @@ def reachable(host: str, port: int) -> bool:
 
 
 class CliBoard:
-    """``python -m bullmq_compat board ...`` in the background: its first stdout line, its stderr."""
+    """``python -m bullmq_compat board --json ...`` in the background: its first stdout line, its stderr."""
 
     def __init__(self, *argv: str, redis: str) -> None:
         import os
         import sys
 
-        self.argv = [sys.executable, "-m", "bullmq_compat", "board", *argv]
+        self.argv = [sys.executable, "-m", "bullmq_compat", "board", "--json", *argv]  # the JSON start-up line
         self.env = {**os.environ, "REDIS_URL": redis}  # the documented habit: not on a command line
         self.proc: asyncio.subprocess.Process | None = None
         self.first_line: dict = {}

@@ -1,4 +1,4 @@
-"""Bull-Board (interop/board.js, Node's createPostgresBackend) serving a PostgreSQL queue whose jobs
+"""Bull-Board (bullmq_compat/_board/board.js, Node's createPostgresBackend) serving a PostgreSQL queue whose jobs
 Python added and a Python worker ran: each job listed under the right status, with Node's fields."""
 from __future__ import annotations
 

@@ -232,7 +232,7 @@ def test_cli_board_serves_the_schemas_queues(postgres_url: str, pg_schema: str, 
     secret = "pg-s3cret-Qz8"
     url = postgres_url.replace("postgresql://postgres@", f"postgresql://postgres:{secret}@", 1)
     port = free_port()
-    argv = [sys.executable, "-m", "bullmq_compat", "board", "--postgres", url, "--schema", pg_schema,
+    argv = [sys.executable, "-m", "bullmq_compat", "board", "--json", "--postgres", url, "--schema", pg_schema,
             "--queue", "shown", "--port", str(port)] + (["--read-only"] if read_only else [])
     try:
         queue.add("a", {"x": 1})

@@ -1,18 +1,24 @@
 'use strict';
-// Bull-Board over the given queues, for the Python interop tests (driven by tests/node.py).
+// Bull-Board over the given queues: what `bullmq-compat board` runs (docs/cli.md), and the board
+// of the Python interop tests (tests/node.py). It ships inside the Python package
+// (bullmq_compat/_board/, with the package.json and package-lock.json of the Node modules it
+// needs), so it requires nothing of interop/: only bullmq, ioredis, pg, express and @bull-board/*.
+// Those come from interop/node_modules in a clone (NODE_PATH) or from the per-user directory
+// `bullmq-compat board --install` fills (a copy of this folder, next to its node_modules).
 //
-//   node interop/board.js --redis URL --port P [--prefix bull] [--host 127.0.0.1] [--read-only true]
-//                         --queue Q [--queue Q2 ...]
+//   node board.js --redis URL --port P [--prefix bull] [--host 127.0.0.1] [--read-only true]
+//                 --queue Q [--queue Q2 ...]
 //
-// Serves on host:P (default 127.0.0.1) with base path "/", prints {"listening": "http://host:P/"}
-// once ready, and exits cleanly on SIGTERM/SIGINT. Without --redis the URL comes from
-// $BULLMQ_COMPAT_REDIS_URL (how `bullmq-compat board` passes it: off the process list, which every
-// local user can read). --read-only true is Bull-Board's readOnlyMode: no retry, promote, clean
-// or remove buttons, and its API refuses those actions (405).
+// Serves on host:P (default 127.0.0.1) with base path "/", prints
+// {"listening": "http://host:P/", "readOnly": false} once ready (`bullmq-compat board` turns it
+// into a line for a person unless given --json), and exits cleanly on SIGTERM/SIGINT. Without
+// --redis the URL comes from $BULLMQ_COMPAT_REDIS_URL (how `bullmq-compat board` passes it: off
+// the process list, which every local user can read). --read-only true is Bull-Board's
+// readOnlyMode: no retry, promote, clean or remove buttons, and its API refuses those actions (405).
 //
-// PostgreSQL instead of Redis (Node's own backend, see interop/backend.js):
+// PostgreSQL instead of Redis (Node's own backend, bullmq's createPostgresBackend):
 //
-//   node interop/board.js --postgres URL --schema S [--migrate true|false] --port P --queue Q ...
+//   node board.js --postgres URL --schema S [--migrate true|false] --port P --queue Q ...
 //
 // (or the URL in $BULLMQ_COMPAT_POSTGRES_URL instead of --postgres)
 //
@@ -35,10 +41,40 @@
 
 const http = require('node:http');
 const express = require('express');
-const backend = require('./backend');
 const { createBullBoard } = require('@bull-board/api');
 const { BullMQAdapter } = require('@bull-board/api/bullMQAdapter');
 const { ExpressAdapter } = require('@bull-board/express');
+
+/** The Queue class and options for Redis or for Node's PostgreSQL backend (the part of
+ * interop/backend.js the board needs: this file ships without interop/). */
+function openBackend(conn) {
+  const bullmq = require('bullmq');
+  if (conn.postgres && conn.redis) throw new TypeError('give either --redis or --postgres, not both');
+  if (conn.postgres) {
+    const schema = conn.schema || bullmq.DEFAULT_SCHEMA;
+    bullmq.quoteSchemaName(schema); // validates the name before anything connects
+    const connection = { connectionString: conn.postgres, schema, connectionTimeoutMillis: 10000 };
+    if (conn.migrate !== undefined) connection.migrate = Boolean(conn.migrate);
+    const bound = bullmq.withBackend(bullmq.createPostgresBackend);
+    return {
+      kind: 'postgres',
+      Queue: bound.Queue,
+      // every Queue gets its own copy: Node's backend reads (and may keep) the object
+      options: () => ({ connection: { ...connection } }),
+      close: async () => {},
+    };
+  }
+  const IORedis = require('ioredis');
+  const connection = new IORedis(conn.redis, { maxRetriesPerRequest: null });
+  const prefix = conn.prefix || 'bull';
+  return {
+    kind: 'redis',
+    Queue: bullmq.Queue,
+    connection,
+    options: () => ({ connection, prefix }),
+    close: () => connection.quit().catch(() => connection.disconnect()),
+  };
+}
 
 function parseArgs(argv) {
   const opts = { port: 3000, queues: [], conn: {}, host: '127.0.0.1', readOnly: false };
@@ -67,7 +103,7 @@ function parseArgs(argv) {
 
 async function main() {
   const opts = parseArgs(process.argv.slice(2));
-  const b = backend.open(opts.conn);
+  const b = openBackend(opts.conn);
   if (b.kind === 'redis') b.connection.on('error', (err) => console.error(`redis: ${err.message}`));
   const queues = opts.queues.map((name) => new b.Queue(name, b.options()));
   // Postgres: fail now (e.g. SchemaMigrationRequiredError) rather than on the first request
@@ -95,8 +131,7 @@ async function main() {
     server.closeAllConnections();
     await new Promise((resolve) => server.close(resolve));
     await Promise.all(queues.map((q) => q.close().catch(() => {})));
-    if (b.kind === 'redis') await b.connection.quit().catch(() => b.connection.disconnect());
-    else await b.close();
+    await b.close();
     process.exit(0);
   };
   process.on('SIGTERM', stop);
