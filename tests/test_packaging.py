@@ -79,6 +79,8 @@ def test_the_wheel_holds_upstreams_scripts_sql_licence_and_our_own_files(built: 
     own_lua = {p.relative_to(ROOT).as_posix() for p in (ROOT / "bullmq_compat/_backends/redis/lua").rglob("*.lua")}
     assert own_lua and own_lua <= names
     assert "bullmq_compat/py.typed" in names
+    assert {"bullmq_compat/_board/board.js", "bullmq_compat/_board/package.json",
+            "bullmq_compat/_board/package-lock.json"} <= names
     assert f"bullmq_compat-{__version__}.dist-info/licenses/LICENSE" in names
 
 
@@ -161,6 +163,15 @@ def test_an_installed_wheel_runs_redis_and_postgres_jobs_without_node_or_npm(
 def test_the_installed_command_prints_its_version_and_the_upstream_pin(installed: Path, tmp_path: Path) -> None:
     out = _run([str(installed / "bullmq-compat"), "--version"], cwd=tmp_path, path=str(installed))
     assert out.strip() == f"bullmq-compat {__version__} (upstream bullmq {upstream.UPSTREAM_VERSION})"
+
+
+def test_the_installed_board_says_what_it_needs_without_node(installed: Path, tmp_path: Path) -> None:
+    environment = {**os.environ, "PATH": str(installed), "XDG_CACHE_HOME": str(tmp_path)}
+    environment.pop("BULLMQ_COMPAT_BOARD_DIR", None)
+    proc = subprocess.run([str(installed / "bullmq-compat"), "board", "--queue", "q"], cwd=tmp_path, env=environment,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "board needs Node.js 20+ for Bull-Board, and 'node' is not on PATH" in proc.stderr
 
 
 # -- fetch-upstream --tarball: offline, same checks --------------------------------------------------

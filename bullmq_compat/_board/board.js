@@ -122,8 +122,6 @@ async function main() {
     server.listen(opts.port, opts.host, resolve);
   });
   const shownHost = opts.host.includes(':') ? `[${opts.host}]` : opts.host;
-  process.stdout.write(JSON.stringify({ listening: `http://${shownHost}:${opts.port}/`, readOnly: opts.readOnly }) + '\n');
-
   let stopping = false;
   const stop = async () => {
     if (stopping) return;
@@ -134,8 +132,10 @@ async function main() {
     await b.close();
     process.exit(0);
   };
+  // before the line that says we are ready: whoever reads it may stop us at once
   process.on('SIGTERM', stop);
   process.on('SIGINT', stop);
+  process.stdout.write(JSON.stringify({ listening: `http://${shownHost}:${opts.port}/`, readOnly: opts.readOnly }) + '\n');
 }
 
 main().catch((err) => {
