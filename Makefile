@@ -60,6 +60,7 @@ TEST_WORKERS ?= 4
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VPY) -m mypy bullmq_compat
+	d=$$(mktemp -d) && NO_MKDOCS_2_WARNING=1 $(VPY) -m mkdocs build --strict -q -d $$d && rm -rf $$d
 	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # the reliability suite at full size: 20,000-job crash soak, Redis restarts and faults, leaks, 100,000 held jobs
@@ -67,6 +68,12 @@ chaos: setup
 	BULLMQ_COMPAT_CHAOS=1 $(VPY) -m pytest -q tests/test_chaos.py tests/test_redis_faults.py tests/test_leaks.py \
 		tests/test_groups.py::test_a_group_with_many_held_jobs_does_not_delay_a_one_job_group \
 		tests/test_interop_groups.py::test_node_workers_start_a_one_job_group_at_once_beside_a_huge_group
+
+# the documentation site (mkdocs.yml over docs/, API reference from the docstrings) into site/;
+# NO_MKDOCS_2_WARNING silences mkdocs-material's notice about its successor
+.PHONY: docs
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VPY) -m mkdocs build --strict -d site
 
 demo: setup
 	$(VPY) scripts/demo.py

@@ -120,6 +120,8 @@ class BatchJob(Job):
     ``data`` is the list of the batched jobs' data, `get_batch` the jobs themselves."""
 
     def __init__(self, queue: "QueueBase", jobs: Sequence[BatchedJob]) -> None:
+        """The batch of ``jobs`` taken from ``queue``'s backend: made by the worker, not by user
+        code."""
         super().__init__(queue, jobs[0].name if jobs else "", [job.data for job in jobs], {}, None)
         self._jobs = list(jobs)
         self.token = jobs[0].token if jobs else None

@@ -28,6 +28,7 @@ class AbortError(BullMQCompatError):
     ``AbortError``, message ``"This operation was aborted"``)."""
 
     def __init__(self, reason: Any = None) -> None:
+        """``reason`` is the abort's reason; the message is Node's default text when it is None."""
         super().__init__(ABORT_MESSAGE if reason is None else str(reason))
         self.reason = reason
 
@@ -37,6 +38,7 @@ class WaitingError(BullMQCompatError):
     the worker then leaves the job alone, as Node's ``WaitingError``."""
 
     def __init__(self, message: str = WAITING_ERROR) -> None:
+        """The message defaults to Node's marker text, which workers recognise."""
         super().__init__(message)
 
 
@@ -48,6 +50,7 @@ class AbortSignal:
     __slots__ = ("_aborted", "_reason", "_listeners", "_waiters", "_lock")
 
     def __init__(self) -> None:
+        """A signal not yet aborted; made by `AbortController`."""
         self._aborted = False
         self._reason: Any = None
         self._listeners: list[tuple[Callable[..., Any], bool]] = []
@@ -56,6 +59,7 @@ class AbortSignal:
 
     @property
     def aborted(self) -> bool:
+        """True once the controller aborted (Node's ``signal.aborted``)."""
         return self._aborted
 
     @property
@@ -73,16 +77,20 @@ class AbortSignal:
                 self._listeners.append((listener, once))
 
     def remove_listener(self, listener: Callable[..., Any]) -> None:
+        """Remove ``listener`` (added by `add_listener`); unknown listeners are ignored."""
         with self._lock:
             self._listeners = [(fn, once) for fn, once in self._listeners if fn is not listener]
 
     # Node's spellings, for code ported as is
     def add_event_listener(self, event: str, listener: Callable[..., Any], *, once: bool = False) -> None:
+        """Node's ``addEventListener('abort', listener, {once})``: only the ``"abort"`` event
+        exists."""
         if event != "abort":
             raise ValueError(f"event={event!r}: an AbortSignal only emits 'abort'")
         self.add_listener(listener, once=once)
 
     def remove_event_listener(self, event: str, listener: Callable[..., Any]) -> None:
+        """Node's ``removeEventListener('abort', listener)``."""
         if event == "abort":
             self.remove_listener(listener)
 
@@ -156,7 +164,10 @@ class AbortController:
     __slots__ = ("signal",)
 
     def __init__(self) -> None:
+        """A controller with a fresh, not yet aborted `signal`."""
         self.signal = AbortSignal()
 
     def abort(self, reason: Any = None) -> None:
+        """Abort `signal` with ``reason`` (Node's ``controller.abort(reason)``): its listeners run
+        once."""
         self.signal._abort(reason)

@@ -46,6 +46,8 @@ class ScriptError(BullMQCompatError):
     code: int = 0
 
     def __init__(self, message: str, *, job_id: Optional[str] = None, command: str = "") -> None:
+        """``message`` is Node's text for the code; ``job_id`` and ``command`` name the job and the
+        script that refused it."""
         super().__init__(message)
         self.job_id = job_id
         self.command = command
@@ -54,46 +56,57 @@ class ScriptError(BullMQCompatError):
 
 
 class JobNotFound(ScriptError):
+    """Code -1: the job's hash is missing (Node: "Missing key for job")."""
     code = -1
 
 
 class JobLockNotFound(ScriptError):
+    """Code -2: the job has no lock (it stalled, or another worker took it over)."""
     code = -2
 
 
 class JobNotInState(ScriptError):
+    """Code -3: the job is not in the state the call needs (e.g. promoting a job that is not delayed)."""
     code = -3
 
 
 class JobPendingChildren(ScriptError):
+    """Code -4: the job still has unfinished children."""
     code = -4
 
 
 class ParentJobNotFound(ScriptError):
+    """Code -5: the flow parent named by the job is missing (see `parent_key`)."""
     code = -5
 
 
 class JobLockMismatch(ScriptError):
+    """Code -6: the job's lock is held under another token (another worker took the job over)."""
     code = -6
 
 
 class ParentJobCannotBeReplaced(ScriptError):
+    """Code -7: a job with this id exists as a parent and cannot be replaced (see `parent_key`)."""
     code = -7
 
 
 class JobBelongsToJobScheduler(ScriptError):
+    """Code -8: the job is a job scheduler's next job and cannot be removed directly."""
     code = -8
 
 
 class JobHasFailedChildren(ScriptError):
+    """Code -9: the job cannot complete because at least one child failed."""
     code = -9
 
 
 class SchedulerJobIdCollision(ScriptError):
+    """Code -10: a job scheduler's next iteration has an id that already exists."""
     code = -10
 
 
 class SchedulerJobSlotsBusy(ScriptError):
+    """Code -11: a job scheduler's current and next time slots already have jobs."""
     code = -11
 
 
@@ -141,6 +154,7 @@ class RateLimitError(BullMQCompatError):
     """Raise (after `worker.rate_limit(ms)`) to put the job back to waiting, not failed."""
 
     def __init__(self, message: str = "bullmq:rateLimitExceeded") -> None:
+        """The message defaults to Node's marker text, which workers recognise."""
         super().__init__(message)
 
 
@@ -148,6 +162,7 @@ class DelayedError(BullMQCompatError):
     """Raise after `job.move_to_delayed(ts, token)`: the job was moved, do not finish it."""
 
     def __init__(self, message: str = "bullmq:movedToDelayed") -> None:
+        """The message defaults to Node's marker text, which workers recognise."""
         super().__init__(message)
 
 
@@ -155,6 +170,7 @@ class WaitingChildrenError(BullMQCompatError):
     """Raise after `job.move_to_waiting_children(token)`: the job waits for its children."""
 
     def __init__(self, message: str = "bullmq:movedToWaitingChildren") -> None:
+        """The message defaults to Node's marker text, which workers recognise."""
         super().__init__(message)
 
 
@@ -163,6 +179,7 @@ class JobFailed(BullMQCompatError):
     """The job waited for failed; the message (and `failed_reason`) is its failedReason."""
 
     def __init__(self, failed_reason: str, *, job_id: Optional[str] = None) -> None:
+        """``failed_reason`` is the job's failedReason; ``job_id`` the job waited for."""
         super().__init__(failed_reason)
         self.failed_reason = failed_reason
         self.job_id = job_id
@@ -176,6 +193,8 @@ class NotSupportedOnBackend(BullMQCompatError):
     """An operation the queue's backend (Redis or PostgreSQL) does not implement, as in Node."""
 
     def __init__(self, operation: str, backend: str) -> None:
+        """``operation`` is the call refused, ``backend`` the backend's name (``"redis"`` or
+        ``"postgres"``)."""
         super().__init__(f"{operation} is not supported on the {backend} backend (Node BullMQ refuses it too)")
         self.operation = operation
         self.backend = backend
@@ -203,6 +222,7 @@ class SchemaMigrationRequired(BullMQCompatError):
     (Node's SchemaMigrationRequiredError)."""
 
     def __init__(self, schema: str) -> None:
+        """``schema`` is the PostgreSQL schema that has no migration ledger."""
         super().__init__(
             f"PostgreSQL schema {schema!r} is not initialized (it has no migration ledger): run "
             f"bullmq_compat.migrate_postgres(url, schema={schema!r}) once, or connect with migrate=True")
@@ -214,6 +234,8 @@ class SchemaVersionMismatch(BullMQCompatError):
     migrations this client bundles (our own check: Node accepts an older schema silently)."""
 
     def __init__(self, message: str, *, schema: str, database_version: int, supported_version: int) -> None:
+        """The schema's migration version (``database_version``) against the one this client bundles
+        (``supported_version``)."""
         super().__init__(message)
         self.schema = schema
         self.database_version = database_version
@@ -224,6 +246,8 @@ class UnsupportedPostgresVersion(BullMQCompatError):
     """The PostgreSQL server is older than the backend supports (Node's UnsupportedPostgresVersionError)."""
 
     def __init__(self, server_version: str, minimum_version: int) -> None:
+        """``server_version`` as the server reports it; ``minimum_version`` the oldest major version
+        supported."""
         super().__init__(f"the PostgreSQL backend needs server version {minimum_version} or newer, but the "
                          f"server reports {server_version}: upgrade PostgreSQL")
         self.server_version = server_version

@@ -99,6 +99,8 @@ class FlowProducer:
     def __init__(self, connection: Connection = None, *, prefix: str = "bull", telemetry: Any = None,
                  schema: Optional[str] = None, migrate: bool = False,
                  job_id_generator: Optional[JobIdGenerator] = None) -> None:
+        """Add flows on ``connection`` (a URL, a client, or a PostgreSQL pool); ``telemetry`` as for
+        `Queue`, ``job_id_generator`` names each node that gives no id (else a UUIDv4, as Node's)."""
         self.prefix = check_prefix(prefix)
         # the id of each node that gives none (else a UUIDv4, as Node's FlowProducer)
         self._id_generator = id_generator(job_id_generator)

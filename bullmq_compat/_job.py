@@ -138,6 +138,8 @@ class Job(FlowJobMixin):
 
     def __init__(self, queue: "QueueBase", name: str, data: Any = None,
                  opts: Optional[Mapping[str, Any]] = None, id: Optional[str] = None) -> None:
+        """A job of ``queue`` not yet stored: `Queue.add` and `Job.create` store one; `Job.from_id`
+        reads one back. ``opts`` are Node's job options (wire names)."""
         self.queue = queue
         self.id = id
         self.name = name
@@ -355,6 +357,8 @@ class Job(FlowJobMixin):
 
     @property
     def attempts(self) -> int:
+        """How many attempts the job has in all (its ``attempts`` option; 0 when unset or
+        unreadable, i.e. no retries)."""
         return attempts_of(self.opts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -377,18 +381,23 @@ class Job(FlowJobMixin):
         return await self.queue.get_job_state(str(self.id))
 
     async def is_completed(self) -> bool:
+        """True when the job is in the completed state now (read from the backend)."""
         return await self.get_state() == "completed"
 
     async def is_failed(self) -> bool:
+        """True when the job is in the failed state now (read from the backend)."""
         return await self.get_state() == "failed"
 
     async def is_waiting(self) -> bool:
+        """True when the job is waiting now (read from the backend)."""
         return await self.get_state() == "waiting"
 
     async def is_delayed(self) -> bool:
+        """True when the job is delayed now (read from the backend)."""
         return await self.get_state() == "delayed"
 
     async def is_active(self) -> bool:
+        """True when the job is active now (read from the backend)."""
         return await self.get_state() == "active"
 
     async def is_waiting_children(self) -> bool:
@@ -481,6 +490,8 @@ class Job(FlowJobMixin):
         self.priority = priority
 
     async def get_logs(self, start: int = 0, end: int = -1, asc: bool = True) -> dict[str, Any]:
+        """The job's log rows from ``start`` to ``end`` (inclusive, -1 the last), oldest first
+        unless ``asc=False``: ``{"logs": [...], "count": n}`` (Node's ``Queue.getJobLogs``)."""
         logs, count = await self._backend.get_job_logs(str(self.id), start, end, asc)
         return {"logs": logs, "count": count}
 

@@ -38,6 +38,8 @@ class LockManager:
 
     def __init__(self, worker: LockManagerWorker, *, lock_renew_time: int, lock_duration: int,
                  worker_id: str, worker_name: Optional[str] = None) -> None:
+        """Renew the locks of ``worker``'s tracked jobs every ``lock_renew_time`` ms, each for
+        ``lock_duration`` ms; ``worker_id``/``worker_name`` name the worker in spans."""
         for name, value in (("lock_renew_time", lock_renew_time), ("lock_duration", lock_duration)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidArgument(f"{name}={value!r} must be an int >= 1 (ms)")
@@ -78,12 +80,15 @@ class LockManager:
         return controller
 
     def untrack_job(self, job_id: str) -> None:
+        """Stop renewing the lock of job ``job_id`` (after it finished); unknown ids are ignored."""
         self.tracked_jobs.pop(job_id, None)
 
     def get_active_job_count(self) -> int:
+        """How many jobs are tracked now."""
         return len(self.tracked_jobs)
 
     def is_running(self) -> bool:
+        """True while the renewal timer runs (started and not closed)."""
         return not self.closed and self._task is not None and not self._task.done()
 
     def cancel_job(self, job_id: str, reason: Any = None) -> bool:
@@ -95,11 +100,13 @@ class LockManager:
         return False
 
     def cancel_all_jobs(self, reason: Any = None) -> None:
+        """Abort every tracked job's signal with ``reason`` (`Worker.cancel_all_jobs`)."""
         for tracked in list(self.tracked_jobs.values()):
             if tracked[2] is not None:
                 tracked[2].abort(reason)
 
     def get_tracked_job_ids(self) -> list[str]:
+        """The ids of the tracked jobs."""
         return list(self.tracked_jobs)
 
     # -- renewal -------------------------------------------------------------------------------------

@@ -84,10 +84,14 @@ class QueueBase(EventEmitter):
     # Redis-only views, for code and tests that look at the keys (AttributeError on PostgreSQL)
     @property
     def keys(self) -> Any:
+        """The queue's key names in Redis (``keys.wait``, ``keys.active``...), as Node's
+        ``queue.keys``; Redis only (AttributeError on PostgreSQL)."""
         return getattr(self.backend, "keys")
 
     @property
     def client(self) -> Any:
+        """The redis-py client under this object (Node's ``queue.client``); Redis only
+        (AttributeError on PostgreSQL)."""
         return getattr(self.backend, "client")
 
     @property
@@ -582,9 +586,11 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
         return int((await self.backend.get_counts(["delayed"], timestamp))[0] or 0)
 
     async def get_completed_count(self) -> int:
+        """How many jobs are completed (Node's ``getCompletedCount``)."""
         return await self.get_job_count_by_types("completed")
 
     async def get_failed_count(self) -> int:
+        """How many jobs have failed for good (Node's ``getFailedCount``)."""
         return await self.get_job_count_by_types("failed")
 
     async def get_prioritized_count(self) -> int:

@@ -121,6 +121,9 @@ class QueueEvents(QueueBase):
     def __init__(self, name: str, connection: Connection = None, *, prefix: str = "bull",
                  last_event_id: str = "$", blocking_timeout: int = 10000, autorun: bool = True,
                  schema: Optional[str] = None, migrate: bool = False) -> None:
+        """Listen to queue ``name``'s events on ``connection`` (a URL, a client, or a PostgreSQL
+        pool), from ``last_event_id``; ``blocking_timeout`` (ms) bounds each blocking read;
+        ``schema``/``migrate`` for PostgreSQL."""
         super().__init__(name, connection, prefix=prefix, schema=schema, migrate=migrate)
         if not isinstance(last_event_id, str) or not last_event_id:
             raise InvalidArgument(f"last_event_id={last_event_id!r} must be a stream id such as '$', '0' "

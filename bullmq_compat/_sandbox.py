@@ -297,6 +297,8 @@ class SandboxedJob:
     The ``token`` arguments default to this job's token."""
 
     def __init__(self, payload: dict[str, Any], caller: Optional["_Caller"] = None) -> None:
+        """Made by the child process from the parent's ``payload`` (the job's fields); ``caller``
+        sends the calls below to the parent."""
         self.id: Optional[str] = payload.get("id")
         self.name: str = payload.get("name", "")
         self.data: Any = payload.get("data")
@@ -318,35 +320,50 @@ class SandboxedJob:
         return self._caller.call(op, list(args), kwargs)
 
     def update_progress(self, progress: Any) -> Any:
+        """Set the job's progress (a number or a JSON-serialisable object), as `Job.update_progress`
+        in the parent."""
         self.progress = progress
         return self._call("update_progress", progress)
 
     def log(self, row: str) -> Any:
+        """Append ``row`` to the job's log, as `Job.log` in the parent."""
         return self._call("log", row)
 
     def update_data(self, data: Any) -> Any:
+        """Replace the job's data, as `Job.update_data` in the parent."""
         self.data = data
         return self._call("update_data", data)
 
     def get_children_values(self) -> Any:
+        """The return values of this job's completed children, by child key
+        (`Job.get_children_values`)."""
         return self._call("get_children_values")
 
     def get_ignored_children_failures(self) -> Any:
+        """The failed reasons of children whose failure was ignored, by child key
+        (`Job.get_ignored_children_failures`)."""
         return self._call("get_ignored_children_failures")
 
     def get_dependencies(self, **options: Any) -> Any:
+        """This job's children by state (`Job.get_dependencies`, the same keyword options)."""
         return self._call("get_dependencies", **options)
 
     def get_dependencies_count(self, **options: Any) -> Any:
+        """How many children this job has in each state (`Job.get_dependencies_count`)."""
         return self._call("get_dependencies_count", **options)
 
     def move_to_delayed(self, timestamp: int, token: Optional[str] = None) -> Any:
+        """Move the job to delayed until ``timestamp`` (ms); raise `DelayedError` afterwards
+        (`Job.move_to_delayed`)."""
         return self._call("move_to_delayed", timestamp, token or self.token)
 
     def move_to_wait(self, token: Optional[str] = None) -> Any:
+        """Move the job back to waiting; raise `WaitingError` afterwards (`Job.move_to_wait`)."""
         return self._call("move_to_wait", token or self.token)
 
     def move_to_waiting_children(self, token: Optional[str] = None, child: Optional[dict[str, str]] = None) -> Any:
+        """Move the job to waiting-children if it has unfinished children; raise
+        `WaitingChildrenError` after a True answer (`Job.move_to_waiting_children`)."""
         return self._call("move_to_waiting_children", token or self.token, child)
 
     def __repr__(self) -> str:

@@ -74,6 +74,9 @@ class Telemetry:
     def __init__(self, tracer_provider: Any = None, tracer_name: str = TRACER_NAME, *,
                  meter_provider: Any = None, meter_name: Optional[str] = None,
                  enable_metrics: Optional[bool] = None, enable_tracing: bool = True) -> None:
+        """Spans go to ``tracer_provider`` (the global one when None) unless
+        ``enable_tracing=False``; metrics to ``meter_provider`` when given or
+        ``enable_metrics=True``."""
         from opentelemetry import metrics
 
         from bullmq_compat import __version__
@@ -96,6 +99,8 @@ class Telemetry:
 
     @staticmethod
     def context_from(metadata: Optional[str]) -> Any:
+        """The OpenTelemetry context stored in a job's ``opts.tm`` (a JSON carrier, as
+        ``bullmq-otel`` writes it), or None when there is none or it is unreadable."""
         if not metadata:
             return None
         try:

@@ -254,6 +254,7 @@ class Worker(LockKeepingMixin, QueueBase):
 
     @property
     def concurrency(self) -> int:
+        """How many jobs this worker runs at once (Node's ``concurrency``); settable while it runs."""
         return self._concurrency
 
     @concurrency.setter
@@ -300,16 +301,21 @@ class Worker(LockKeepingMixin, QueueBase):
         return self._channel
 
     async def worker_channel(self) -> WorkerChannel:
+        """The connection this worker's hot calls go through (opened on first use), for manual
+        processing helpers."""
         return await self._ensure_channel()
 
     @property
     def running(self) -> bool:
+        """True while `run` is processing jobs (Node's ``running``)."""
         return self._running
 
     def is_running(self) -> bool:
+        """True while `run` is processing jobs (Node's ``isRunning()``)."""
         return self._running
 
     def is_paused(self) -> bool:
+        """True after `pause` until `resume` (Node's ``isPaused()``)."""
         return self._paused
 
     async def run(self, *, handle_signals: bool = True) -> None:
@@ -453,6 +459,7 @@ class Worker(LockKeepingMixin, QueueBase):
             self.emit("paused")
 
     def resume(self) -> None:
+        """Take jobs again after `pause` (Node's ``resume``); emits ``resumed``."""
         if self._paused:
             with self._span("resume", {}):
                 self._paused = False

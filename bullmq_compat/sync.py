@@ -120,6 +120,8 @@ class Queue(_Proxy):
     """`bullmq_compat.Queue` with blocking methods: ``Queue("emails", connection=url).add("send", {...})``."""
 
     def __init__(self, name: str, connection: Any = None, **kwargs: Any) -> None:
+        """The same arguments as `bullmq_compat.Queue`; the queue lives on the sync API's background
+        loop."""
         from bullmq_compat._queue import Queue as AsyncQueue
 
         self._async = _build(AsyncQueue, name, connection, **kwargs)
@@ -129,6 +131,8 @@ class Job(_Proxy):
     """A job with blocking methods (``get_state()``, ``wait_until_finished(queue_events, timeout)``...)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Not for user code: sync jobs come from `Queue.add` and `Queue.get_job` (raises
+        `BullMQCompatError`)."""
         raise BullMQCompatError("sync Jobs come from Queue.add / Queue.get_job, not from Job(...)")
 
     @classmethod
@@ -139,6 +143,7 @@ class Job(_Proxy):
 
     @classmethod
     def from_id(cls, queue: Queue, job_id: str) -> Optional["Job"]:
+        """The job ``job_id`` of ``queue``, or None (as `bullmq_compat.Job.from_id`)."""
         job: Optional[Job] = queue.get_job(job_id)
         return job
 
@@ -147,6 +152,8 @@ class QueueEvents(_Proxy):
     """`bullmq_compat.QueueEvents` on the sync loop; pass it to ``job.wait_until_finished``."""
 
     def __init__(self, name: str, connection: Any = None, **kwargs: Any) -> None:
+        """The same arguments as `bullmq_compat.QueueEvents`; it starts reading events on the
+        background loop at once."""
         import bullmq_compat
 
         cls = getattr(bullmq_compat, "QueueEvents", None)
@@ -169,6 +176,7 @@ class FlowProducer(_Proxy):
     """`bullmq_compat.FlowProducer` with blocking methods."""
 
     def __init__(self, connection: Any = None, **kwargs: Any) -> None:
+        """The same arguments as `bullmq_compat.FlowProducer`, on the sync API's background loop."""
         import bullmq_compat
 
         cls = getattr(bullmq_compat, "FlowProducer", None)

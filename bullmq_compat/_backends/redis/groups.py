@@ -78,6 +78,8 @@ class GroupKeeper:
 
     def __init__(self, queue_name: str, connection: "Connection" = None, *, prefix: str = "bull",
                  sweep_interval: float = 5.0, block_ms: int = 5000, follow_stream: bool = True) -> None:
+        """A keeper for queue ``queue_name`` on Redis: sweeps every ``sweep_interval`` seconds and,
+        with ``follow_stream``, follows the events stream (each read blocking up to ``block_ms``)."""
         from bullmq_compat._backends.redis.backend import RedisBackend
 
         self._queue: "RedisBackend" = RedisBackend(queue_name, connection, prefix=prefix)

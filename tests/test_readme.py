@@ -1,0 +1,232 @@
+"""README.md's code runs as pasted, and the README keeps its shape.
+
+Every fenced block of README.md is either run here or marked, on the line before it, with an HTML
+comment ``<!-- not run: why -->`` (``pip install`` lines, ``make test`` itself...). A block is run
+with only its connection substituted: ``redis://127.0.0.1:6379/0`` becomes the test's own Redis, the
+Node block's ``{ host: '127.0.0.1', port: 6379 }`` the same server, the PostgreSQL URL the test's
+PostgreSQL and ``schema="bullmq"`` a schema of the test's own (dropped after, by `pg_schema`).
+
+Python blocks run in a subprocess of this interpreter (the venv's), bash blocks with ``bash -e`` and
+the venv's ``bin`` first on PATH, Node blocks with ``node`` and NODE_PATH at interop/node_modules;
+each must exit 0 within its timeout. A section that has a Node block runs its blocks together (the
+Node producer waits for the job that the section's Python worker processes).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+
+from tests.node import INTEROP, _node_binary
+
+pytestmark = pytest.mark.node
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+TIMEOUT_S = 120
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+NODE_CONNECTION = "{ host: '127.0.0.1', port: 6379 }"
+POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
+POSTGRES_SCHEMA = 'schema="bullmq"'
+
+SECTIONS = ["Install", "Quick start", "The same queue from Node", "PostgreSQL", "Features", "Performance",
+            "Documentation", "Contributing", "Versioning", "Licence"]
+RUNNABLE = {"python": "python", "bash": "bash", "js": "node", "javascript": "node"}
+SUFFIX = {"python": "py", "node": "js", "bash": "sh"}
+NOT_RUN = re.compile(r"^<!-- not run: \S.* -->$")
+
+
+@dataclass
+class Block:
+    line: int  # of the opening fence, 1-based
+    lang: str
+    text: str
+    section: str
+    not_run: str | None  # the marker's comment, when the block is not run
+
+    @property
+    def runner(self) -> str | None:
+        return RUNNABLE.get(self.lang)
+
+    def __str__(self) -> str:
+        return f"README.md:{self.line} ({self.lang or 'no language'}, section {self.section!r})"
+
+
+def blocks() -> list[Block]:
+    lines = README.read_text(encoding="utf-8").splitlines()
+    found: list[Block] = []
+    section = ""
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("## "):
+            section = line[3:].strip()
+        if line.startswith("```"):
+            lang = line[3:].strip()
+            end = i + 1
+            while end < len(lines) and lines[end].rstrip() != "```":
+                end += 1
+            assert end < len(lines), f"README.md:{i + 1}: the block is never closed"
+            before = next((lines[j].strip() for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+            marker = before if NOT_RUN.match(before) else None
+            found.append(Block(i + 1, lang, "\n".join(lines[i + 1:end]) + "\n", section, marker))
+            i = end
+        i += 1
+    return found
+
+
+def _run_blocks() -> list[Block]:
+    return [b for b in blocks() if b.not_run is None]
+
+
+def _node_sections() -> set[str]:
+    return {b.section for b in _run_blocks() if b.runner == "node"}
+
+
+def _uses_postgres(block: Block) -> bool:
+    return POSTGRES_URL in block.text
+
+
+def redis_only_blocks() -> list[Block]:
+    return [b for b in _run_blocks() if b.section not in _node_sections() and not _uses_postgres(b)]
+
+
+def node_section_blocks() -> list[Block]:
+    return [b for b in _run_blocks() if b.section in _node_sections()]
+
+
+def postgres_blocks() -> list[Block]:
+    return [b for b in _run_blocks() if b.section not in _node_sections() and _uses_postgres(b)]
+
+
+# -- substitution and running ------------------------------------------------------------------
+def _node_connection(redis_url: str) -> str:
+    url = urlsplit(redis_url)
+    options: dict[str, object] = {"host": url.hostname or "127.0.0.1", "port": url.port or 6379}
+    db = url.path.strip("/")
+    if db and db != "0":
+        options["db"] = int(db)
+    if url.username:
+        options["username"] = unquote(url.username)
+    if url.password:
+        options["password"] = unquote(url.password)
+    if url.scheme == "rediss":
+        options["tls"] = {}
+    return json.dumps(options)
+
+
+def substituted(block: Block, redis_url: str, postgres_url: str | None = None, schema: str | None = None) -> str:
+    """The block's text with its connection pointed at the test's servers (and nothing else changed)."""
+    text = block.text
+    if block.runner == "node":
+        assert NODE_CONNECTION in text, f"{block}: a Node block connects with {NODE_CONNECTION}"
+        text = text.replace(NODE_CONNECTION, _node_connection(redis_url))
+    else:
+        text = text.replace(REDIS_URL, redis_url)
+    if postgres_url is not None:
+        assert POSTGRES_URL in text and POSTGRES_SCHEMA in text, f"{block}: names {POSTGRES_URL} and {POSTGRES_SCHEMA}"
+        assert schema is not None
+        text = text.replace(POSTGRES_URL, postgres_url).replace(POSTGRES_SCHEMA, f'schema="{schema}"')
+    # whatever still names the default ports would reach the system's servers, not the test's
+    for default in (":6379", "port: 6379", ":5432/test"):
+        assert default not in text.replace(redis_url, "").replace(postgres_url or "\0", ""), \
+            f"{block}: {default!r} is left after substitution (the test would use the system's server)"
+    return text
+
+
+def _start(block: Block, text: str, tmp_path: Path) -> subprocess.Popen[str]:
+    env = dict(os.environ)
+    script = tmp_path / f"readme_{block.line}.{SUFFIX[block.runner or '']}"
+    script.write_text(text, encoding="utf-8")
+    if block.runner == "python":
+        argv = [sys.executable, str(script)]
+    elif block.runner == "node":
+        argv = [_node_binary(), str(script)]
+        env["NODE_PATH"] = str(INTEROP / "node_modules")
+    else:
+        argv = ["bash", "-e", str(script)]
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(block: Block, proc: subprocess.Popen[str]) -> str:
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"{block} did not exit within {TIMEOUT_S} s\n--- stdout ---\n{out}\n--- stderr ---\n{err}")
+    assert proc.returncode == 0, f"{block} exited with {proc.returncode}\n--- stdout ---\n{out}\n--- stderr ---\n{err}"
+    return out
+
+
+def _run_together(pairs: list[tuple[Block, str]], tmp_path: Path) -> list[str]:
+    procs = [(block, _start(block, text, tmp_path)) for block, text in pairs]
+    try:
+        return [_finish(block, proc) for block, proc in procs]
+    finally:
+        for _, proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+
+
+# -- the tests -----------------------------------------------------------------------------------
+def test_the_readme_is_short_and_its_sections_are_in_order() -> None:
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) < 200
+    assert text.startswith("# bullmq-compat\n")
+    headings = [line[3:].strip() for line in text.splitlines() if line.startswith("## ")]
+    assert headings == SECTIONS
+    assert "make test" in text
+    for words in ("pip install bullmq-compat", "pip install 'bullmq-compat[postgres]'", "[metrics]",
+                  "fetch-upstream --tarball", "autorun=True", "await worker.run()", "docs/performance.md",
+                  "make setup", "bullmq-compat --version", "MIT"):
+        assert words in text, words
+
+
+def test_every_block_is_run_or_marked_not_run() -> None:
+    found = blocks()
+    assert found, "README.md has no code blocks"
+    for block in found:
+        if block.not_run is None:
+            assert block.runner is not None, f"{block}: not a language this test runs; mark it <!-- not run: why -->"
+    run = _run_blocks()
+    chosen = [*redis_only_blocks(), *node_section_blocks(), *postgres_blocks()]
+    assert sorted(b.line for b in chosen) == sorted(b.line for b in run)  # each run block by exactly one test
+    # the blocks the brief asks for are there and run: a Python quick start, a Node one, PostgreSQL
+    assert any(b.runner == "python" and b.section == "Quick start" for b in run)
+    assert any(b.runner == "node" for b in run) and any(b.runner == "python" for b in node_section_blocks())
+    assert postgres_blocks()
+
+
+def test_the_redis_blocks_run_as_pasted(redis_url: str, tmp_path: Path) -> None:
+    chosen = redis_only_blocks()
+    assert chosen
+    for block in chosen:  # one after the other, in README order (the quick start before the shell's look)
+        out, = _run_together([(block, substituted(block, redis_url))], tmp_path)
+        if block.section == "Quick start" and block.runner == "python":
+            assert "'double': 42" in out  # the job's return value, read back from the queue
+
+
+def test_the_node_producer_and_the_python_worker_run_together(redis_url: str, tmp_path: Path) -> None:
+    chosen = node_section_blocks()
+    outputs = _run_together([(block, substituted(block, redis_url)) for block in chosen], tmp_path)
+    node_out = next(out for block, out in zip(chosen, outputs) if block.runner == "node")
+    assert "double" in node_out and "42" in node_out  # what the Python worker returned, as Node read it
+
+
+def test_the_postgres_block_runs_as_pasted(postgres_url: str, pg_schema: str, tmp_path: Path) -> None:
+    chosen = postgres_blocks()
+    assert chosen
+    for block in chosen:
+        out, = _run_together([(block, substituted(block, "\0", postgres_url, pg_schema))], tmp_path)
+        assert "completed" in out
