@@ -22,43 +22,15 @@ import pytest
 
 from bullmq_compat._version import __version__
 from bullmq_compat._wire import upstream
-
-ROOT = Path(__file__).resolve().parent.parent
-VENV_BIN = Path(sys.executable).parent
+from tests.wheel_helpers import ROOT, VENV_BIN, build_dists, install_into_new_venv, run
 
 pytestmark = pytest.mark.xdist_group("packaging")
-
-
-def _tracked_files() -> list[str]:
-    proc = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)
-    return [name for name in proc.stdout.decode().split("\0") if name and (ROOT / name).is_file()]
-
-
-def _run(argv: list[str], *, cwd: Path, path: str, timeout: float = 600, **env: str) -> str:
-    environment = {key: value for key, value in os.environ.items()
-                   if key not in ("PATH", "PYTHONPATH", "VIRTUAL_ENV", "NODE_PATH")}
-    environment.update(PATH=path, **env)
-    proc = subprocess.run(argv, cwd=cwd, env=environment, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"{argv} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc.stdout
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """An sdist and the wheel built from it (python -m build), from a copy of the checkout."""
-    assert upstream.is_current(), "make setup fetches upstream first"
-    work = tmp_path_factory.mktemp("packaging")
-    source = work / "src"
-    for name in _tracked_files():
-        (source / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / name, source / name)
-    shutil.copytree(upstream.UPSTREAM_DIR, source / "bullmq_compat" / "_upstream")
-    out = work / "dist"
-    _run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(source)],
-         cwd=work, path=str(VENV_BIN))
-    wheel, = out.glob("bullmq_compat-*.whl")
-    sdist, = out.glob("bullmq_compat-*.tar.gz")
-    return {"wheel": wheel, "sdist": sdist, "work": work}
+    return build_dists(tmp_path_factory.mktemp("packaging"))
 
 
 def _expected_upstream_files() -> set[str]:
@@ -92,7 +64,7 @@ def test_the_sdist_holds_the_same_upstream_files(built: dict[str, Path]) -> None
 
 
 def test_twine_check_passes(built: dict[str, Path]) -> None:
-    out = _run([str(VENV_BIN / "twine"), "check", "--strict", str(built["wheel"]), str(built["sdist"])],
+    out = run([str(VENV_BIN / "twine"), "check", "--strict", str(built["wheel"]), str(built["sdist"])],
                cwd=built["work"], path=str(VENV_BIN))
     assert out.count("PASSED") == 2
 
@@ -143,25 +115,20 @@ INSTALLED_RUN = textwrap.dedent('''
 def installed(request: pytest.FixtureRequest, built: dict[str, Path]) -> Path:
     """A new venv with the built wheel (or the sdist, built by pip with PATH = the venv's bin: no npm)
     and its [postgres] extra installed; returns its bin folder."""
-    venv = built["work"] / f"venv-{request.param}"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
-    bin_dir = venv / "bin"
-    _run([str(bin_dir / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-          f"{built[request.param]}[postgres]"], cwd=built["work"], path=str(bin_dir))
-    return bin_dir
+    return install_into_new_venv(built[request.param], built["work"] / f"venv-{request.param}")
 
 
 def test_an_installed_wheel_runs_redis_and_postgres_jobs_without_node_or_npm(
         installed: Path, redis_url: str, postgres_url: str, pg_schema: str, tmp_path: Path) -> None:
     script = tmp_path / "run.py"
     script.write_text(INSTALLED_RUN)
-    out = _run([str(installed / "python"), str(script), redis_url, postgres_url, pg_schema], cwd=tmp_path,
+    out = run([str(installed / "python"), str(script), redis_url, postgres_url, pg_schema], cwd=tmp_path,
                path=str(installed), timeout=180)
     assert out.split("\n")[:2] == ["ok redis", "ok postgres"]
 
 
 def test_the_installed_command_prints_its_version_and_the_upstream_pin(installed: Path, tmp_path: Path) -> None:
-    out = _run([str(installed / "bullmq-compat"), "--version"], cwd=tmp_path, path=str(installed))
+    out = run([str(installed / "bullmq-compat"), "--version"], cwd=tmp_path, path=str(installed))
     assert out.strip() == f"bullmq-compat {__version__} (upstream bullmq {upstream.UPSTREAM_VERSION})"
 
 

@@ -6,10 +6,12 @@ with only its connection substituted: ``redis://127.0.0.1:6379/0`` becomes the t
 Node block's ``{ host: '127.0.0.1', port: 6379 }`` the same server, the PostgreSQL URL the test's
 PostgreSQL and ``schema="bullmq"`` a schema of the test's own (dropped after, by `pg_schema`).
 
-Python blocks run in a subprocess of this interpreter (the venv's), bash blocks with ``bash -e`` and
-the venv's ``bin`` first on PATH, Node blocks with ``node`` and NODE_PATH at interop/node_modules;
-each must exit 0 within its timeout. A section that has a Node block runs its blocks together (the
-Node producer waits for the job that the section's Python worker processes).
+Python and bash blocks run as a user who did ``pip install bullmq-compat`` would run them: with the
+wheel built from this checkout installed into a new venv (tests/wheel_helpers.py), ``PATH`` holding
+only that venv's ``bin`` (no node, no npm, not the checkout's package). Node blocks run with ``node``
+and NODE_PATH at interop/node_modules. Each must exit 0 within its timeout. A section that has a Node
+block runs its blocks together (the Node producer waits for the job that the section's Python worker
+processes).
 """
 from __future__ import annotations
 
@@ -17,7 +19,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -25,6 +26,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 
 from tests.node import INTEROP, _node_binary
+from tests.wheel_helpers import build_dists, install_into_new_venv
 
 pytestmark = pytest.mark.node
 
@@ -142,18 +144,23 @@ def substituted(block: Block, redis_url: str, postgres_url: str | None = None, s
     return text
 
 
-def _start(block: Block, text: str, tmp_path: Path) -> subprocess.Popen[str]:
-    env = dict(os.environ)
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bin folder of a new venv holding the wheel built from this checkout (and [postgres])."""
+    work = tmp_path_factory.mktemp("readme-wheel")
+    return install_into_new_venv(build_dists(work)["wheel"], work / "venv")
+
+
+def _start(block: Block, text: str, tmp_path: Path, installed: Path) -> subprocess.Popen[str]:
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV", "NODE_PATH")}
     script = tmp_path / f"readme_{block.line}.{SUFFIX[block.runner or '']}"
     script.write_text(text, encoding="utf-8")
-    if block.runner == "python":
-        argv = [sys.executable, str(script)]
-    elif block.runner == "node":
+    if block.runner == "node":
         argv = [_node_binary(), str(script)]
         env["NODE_PATH"] = str(INTEROP / "node_modules")
     else:
-        argv = ["bash", "-e", str(script)]
-        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        argv = [str(installed / "python"), str(script)] if block.runner == "python" else ["/bin/bash", "-e", str(script)]
+        env["PATH"] = str(installed)
     return subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -168,8 +175,8 @@ def _finish(block: Block, proc: subprocess.Popen[str]) -> str:
     return out
 
 
-def _run_together(pairs: list[tuple[Block, str]], tmp_path: Path) -> list[str]:
-    procs = [(block, _start(block, text, tmp_path)) for block, text in pairs]
+def _run_together(pairs: list[tuple[Block, str]], tmp_path: Path, installed: Path) -> list[str]:
+    procs = [(block, _start(block, text, tmp_path, installed)) for block, text in pairs]
     try:
         return [_finish(block, proc) for block, proc in procs]
     finally:
@@ -208,25 +215,25 @@ def test_every_block_is_run_or_marked_not_run() -> None:
     assert postgres_blocks()
 
 
-def test_the_redis_blocks_run_as_pasted(redis_url: str, tmp_path: Path) -> None:
+def test_the_redis_blocks_run_as_pasted(redis_url: str, tmp_path: Path, installed: Path) -> None:
     chosen = redis_only_blocks()
     assert chosen
     for block in chosen:  # one after the other, in README order (the quick start before the shell's look)
-        out, = _run_together([(block, substituted(block, redis_url))], tmp_path)
+        out, = _run_together([(block, substituted(block, redis_url))], tmp_path, installed)
         if block.section == "Quick start" and block.runner == "python":
             assert "'double': 42" in out  # the job's return value, read back from the queue
 
 
-def test_the_node_producer_and_the_python_worker_run_together(redis_url: str, tmp_path: Path) -> None:
+def test_the_node_producer_and_the_python_worker_run_together(redis_url: str, tmp_path: Path, installed: Path) -> None:
     chosen = node_section_blocks()
-    outputs = _run_together([(block, substituted(block, redis_url)) for block in chosen], tmp_path)
+    outputs = _run_together([(block, substituted(block, redis_url)) for block in chosen], tmp_path, installed)
     node_out = next(out for block, out in zip(chosen, outputs) if block.runner == "node")
     assert "double" in node_out and "42" in node_out  # what the Python worker returned, as Node read it
 
 
-def test_the_postgres_block_runs_as_pasted(postgres_url: str, pg_schema: str, tmp_path: Path) -> None:
+def test_the_postgres_block_runs_as_pasted(postgres_url: str, pg_schema: str, tmp_path: Path, installed: Path) -> None:
     chosen = postgres_blocks()
     assert chosen
     for block in chosen:
-        out, = _run_together([(block, substituted(block, "\0", postgres_url, pg_schema))], tmp_path)
+        out, = _run_together([(block, substituted(block, "\0", postgres_url, pg_schema))], tmp_path, installed)
         assert "completed" in out
