@@ -23,6 +23,7 @@ from bullmq_compat._errors import (
     JobWaitTimeout,
     ParentJobCannotBeReplaced,
     ParentJobNotFound,
+    QueueClosed,
     RateLimitError,
     RedisUnavailable,
     SchedulerJobIdCollision,
@@ -48,7 +49,7 @@ __all__ = [
     "InvalidJobData", "InvalidJobId", "InvalidJobOptions",
     "InvalidQueueName", "Job", "JobBelongsToJobScheduler", "JobHasFailedChildren", "JobLockMismatch",
     "JobLockNotFound", "JobNotFound", "JobNotInState", "JobPendingChildren", "ParentJobCannotBeReplaced",
-    "ParentJobNotFound", "Queue", "RedisUnavailable", "SchedulerJobIdCollision", "SchedulerJobSlotsBusy",
+    "ParentJobNotFound", "Queue", "QueueClosed", "RedisUnavailable", "SchedulerJobIdCollision", "SchedulerJobSlotsBusy",
     "ScriptError", "UPSTREAM_VERSION", "UpstreamScriptsMissing", "__version__",
 ]
 __all__ += ["JobFailed", "JobWaitTimeout", "QueueEvents", "QueueEventsProducer"]

@@ -4,14 +4,14 @@ from __future__ import annotations
 import asyncio
 import copy
 import time
-from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional, Sequence, cast
 
 from opentelemetry.trace import SpanKind
 
 from bullmq_compat import _telemetry as telemetry_attrs
 from bullmq_compat._backends import open_backend
 from bullmq_compat._backends.base import NewJob, QueueBackend, WorkerChannel, WorkerSettings
-from bullmq_compat._errors import InvalidArgument, InvalidQueueName, script_error
+from bullmq_compat._errors import InvalidArgument, InvalidQueueName, QueueClosed, script_error
 from bullmq_compat._events import EventEmitter
 from bullmq_compat._groups import (
     GROUP_OPTIONS,
@@ -62,6 +62,31 @@ def check_states(types: Iterable[str]) -> list[str]:
     return seen or list(ALL_STATES)
 
 
+def closed_error(owner: Any) -> QueueClosed:
+    """What a call on ``owner`` (a Queue, Worker, QueueEvents ...) after its ``close()`` raises."""
+    kind = type(owner).__name__
+    subject = f"queue {owner.name!r}" if kind == "Queue" else f"{kind} of queue {owner.name!r}"
+    return QueueClosed(f"{subject} is closed: create a new {kind} to use the queue again "
+                       "(a closed one does not reconnect)")
+
+
+class _ClosedBackend:
+    """What a closed QueueBase holds instead of its backend: every call that would reach the
+    datastore (and so reconnect) raises `QueueClosed`; plain descriptions of the queue still read."""
+
+    _READABLE = frozenset({"kind", "label", "name", "prefix", "qualified_name", "description", "keys",
+                           "client", "is_cluster", "transient_errors", "is_transient", "client_name"})
+
+    def __init__(self, backend: QueueBackend, owner: QueueBase) -> None:
+        self._backend = backend
+        self._owner = owner
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._READABLE:
+            return getattr(self._backend, name)
+        raise closed_error(self._owner)
+
+
 class QueueBase(EventEmitter):
     """What every queue-bound class shares: name, prefix and the backend that holds the queue."""
 
@@ -80,6 +105,7 @@ class QueueBase(EventEmitter):
         self._plain_channel: Optional[WorkerChannel] = None
         self._ready: Optional[asyncio.Future[None]] = None
         self.closing = False
+        self._is_closed = False  # close() has run: every later call raises QueueClosed
 
     # Redis-only views, for code and tests that look at the keys (AttributeError on PostgreSQL)
     @property
@@ -131,6 +157,8 @@ class QueueBase(EventEmitter):
         """Check once that the datastore answers (naming where, without secrets) and run first-use set-up."""
         if self._readied():
             return  # every call after the first: no shield, no task
+        if self._is_closed:
+            raise closed_error(self)
         if self._ready is None:
             self._ready = asyncio.ensure_future(self._first_use())
         try:
@@ -144,7 +172,9 @@ class QueueBase(EventEmitter):
 
     async def disconnect(self) -> None:
         """Drop this object's connections now (Node's ``disconnect``); unlike `close`, the object
-        stays usable: its next call connects again."""
+        stays usable: its next call connects again (after `close`, nothing to drop)."""
+        if self._is_closed:
+            return
         channel = self._plain_channel
         if channel is not None:
             self._plain_channel = None
@@ -153,14 +183,21 @@ class QueueBase(EventEmitter):
         await self.backend.disconnect()
 
     async def close(self) -> None:
-        """Close the connections this object opened (a client passed as ``connection=`` stays open)."""
+        """Close the connections this object opened (a client passed as ``connection=`` stays open).
+        For good: every later call that would reach the datastore raises `QueueClosed` (nothing
+        reconnects); closing again does nothing."""
+        if self._is_closed:
+            return
         self.closing = True
+        self._is_closed = True
+        self._ready = None  # the hot paths' check (`_readied`) sends them to `wait_until_ready`
+        backend, self.backend = self.backend, cast(QueueBackend, _ClosedBackend(self.backend, self))
         channel = self._plain_channel
         if channel is not None:
             self._plain_channel = None
             await channel.close()
         if self._owns_backend:
-            await self.backend.close()
+            await backend.close()
 
     def __repr__(self) -> str:  # the connection as errors name it: never its password
         return f"<{type(self).__name__} {self.qualified_name} {self.backend.description}>"

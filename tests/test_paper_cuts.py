@@ -1,0 +1,165 @@
+"""The paper cuts of issue #26: closed queues, workers never run, the first connection's log line,
+typed job options and the package's exports."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from bullmq_compat import FlowProducer, Queue, QueueClosed, QueueEvents, Worker
+
+# -- 2. a closed Queue raises QueueClosed and never reconnects ----------------------------------
+
+
+def _calls(queue: Queue, job_id: str):
+    """Public async calls of a Queue that reach the datastore, with arguments they accept."""
+    return {
+        "add": lambda: queue.add("n", {"i": 1}),
+        "add(opts)": lambda: queue.add("n", {"i": 1}, attempts=2),
+        "add_bulk": lambda: queue.add_bulk([{"name": "n", "data": {}}]),
+        "get_job_counts": lambda: queue.get_job_counts(),
+        "get_job": lambda: queue.get_job(job_id),
+        "get_job_state": lambda: queue.get_job_state(job_id),
+        "get_jobs": lambda: queue.get_jobs(["waiting"]),
+        "count": lambda: queue.count(),
+        "get_waiting_count": lambda: queue.get_waiting_count(),
+        "pause": lambda: queue.pause(),
+        "resume": lambda: queue.resume(),
+        "is_paused": lambda: queue.is_paused(),
+        "drain": lambda: queue.drain(),
+        "clean": lambda: queue.clean(0, 10, "completed"),
+        "remove": lambda: queue.remove(job_id),
+        "retry_jobs": lambda: queue.retry_jobs(),
+        "promote_jobs": lambda: queue.promote_jobs(),
+        "get_meta": lambda: queue.get_meta(),
+        "get_workers": lambda: queue.get_workers(),
+        "get_job_logs": lambda: queue.get_job_logs(job_id),
+        "get_metrics": lambda: queue.get_metrics("completed"),
+        "set_global_concurrency": lambda: queue.set_global_concurrency(3),
+        "get_job_schedulers": lambda: queue.get_job_schedulers(),
+        "upsert_job_scheduler": lambda: queue.upsert_job_scheduler("s", {"every": 60000}),
+        "obliterate": lambda: queue.obliterate(force=True),
+        "wait_until_ready": lambda: queue.wait_until_ready(),
+    }
+
+
+async def _assert_closed(queue: Queue, job_id: str) -> None:
+    for what, call in _calls(queue, job_id).items():
+        with pytest.raises(QueueClosed) as raised:
+            await call()
+        message = str(raised.value)
+        assert f"queue {queue.name!r} is closed" in message and "create a new Queue" in message, (what, message)
+
+
+@pytest.fixture(params=["redis", "postgres"])
+async def connect(request, queue_name):
+    """Keyword arguments of a Queue on one backend (the PostgreSQL schema migrated)."""
+    if request.param == "redis":
+        return {"connection": request.getfixturevalue("redis_url")}
+    postgres_url = request.getfixturevalue("postgres_url")
+    schema = request.getfixturevalue("pg_schema")
+    from bullmq_compat import migrate_postgres
+
+    await migrate_postgres(postgres_url, schema)
+    return {"connection": postgres_url, "schema": schema}
+
+
+async def test_every_call_on_a_closed_queue_raises_queue_closed(connect, queue_name):
+    queue = Queue(queue_name, **connect)
+    job = await queue.add("n", {"i": 0})
+    assert await queue.get_job_counts("waiting") == {"waiting": 1}
+    await queue.close()
+    await _assert_closed(queue, str(job.id))
+    with pytest.raises(QueueClosed):  # a Job read before the close goes through its queue
+        await job.get_state()
+    with pytest.raises(QueueClosed):
+        await job.update_progress(50)
+    await queue.close()  # again: nothing to do
+    # nothing was written after the close: a new Queue sees the one job only
+    fresh = Queue(queue_name, **connect)
+    try:
+        assert await fresh.get_job_counts("waiting", "paused") == {"waiting": 1, "paused": 0}
+    finally:
+        await fresh.close()
+
+
+async def test_a_queue_closed_before_its_first_call_refuses_later_ones(connect, queue_name):
+    queue = Queue(queue_name, **connect)
+    await queue.close()
+    await _assert_closed(queue, "1")
+    fresh = Queue(queue_name, **connect)
+    try:
+        assert await fresh.count() == 0
+    finally:
+        await fresh.close()
+
+
+async def test_closed_worker_and_queue_events_raise_queue_closed(connect, queue_name):
+    worker = Worker(queue_name, None, **connect)
+    await worker.get_job("1")  # connected
+    await worker.close()
+    with pytest.raises(QueueClosed, match=f"Worker of queue '{queue_name}' is closed: create a new Worker"):
+        await worker.get_job("1")
+    with pytest.raises(QueueClosed):
+        await worker.get_next_job("token", block=False)
+    events = QueueEvents(queue_name, autorun=False, **connect)
+    await events.close()
+    with pytest.raises(QueueClosed, match="QueueEvents of queue"):
+        await events.get_job("1")
+    await events.close()
+
+
+async def test_closed_flow_producer_raises_queue_closed(redis_url, queue_name):
+    flow = FlowProducer(redis_url)
+    node = await flow.add({"name": "p", "queue_name": queue_name, "children": [
+        {"name": "c", "queue_name": queue_name}]})
+    await flow.close()
+    flow_call = {"name": "p", "queue_name": queue_name}
+    with pytest.raises(QueueClosed, match="FlowProducer is closed: create a new FlowProducer"):
+        await flow.add(flow_call)
+    with pytest.raises(QueueClosed):
+        await flow.get_flow({"id": str(node.job.id), "queue_name": queue_name})
+    with pytest.raises(QueueClosed):
+        await flow.wait_until_ready()
+    with pytest.raises(QueueClosed):  # the flow's jobs went through its (now closed) queues
+        await node.job.get_state()
+    await flow.close()
+
+
+_CLOSED_SCRIPT = """
+import asyncio, sys
+from bullmq_compat import Queue, QueueClosed
+
+async def main(connect, add_first):
+    queue = Queue(sys.argv[1], **connect)
+    if add_first:
+        await queue.add("n", {{}})
+    await queue.close()
+    try:
+        await queue.add("n", {{}})
+    except QueueClosed as err:
+        print("refused:", err)
+    else:
+        raise SystemExit("add after close was accepted")
+    try:
+        await queue.get_job_counts()
+    except QueueClosed:
+        print("counts refused")
+
+asyncio.run(main({connect!r}, {add_first!r}))
+"""
+
+
+@pytest.mark.parametrize("add_first", [False, True], ids=["closed-before-any-add", "closed-after-an-add"])
+def test_closed_queue_leaks_no_socket_under_dev_mode(connect, queue_name, add_first, tmp_path):
+    script = tmp_path / "closed.py"
+    script.write_text(textwrap.dedent(_CLOSED_SCRIPT.format(connect=connect, add_first=add_first)))
+    run = subprocess.run([sys.executable, "-X", "dev", "-W", "error::ResourceWarning", str(script), queue_name],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert f"refused: queue {queue_name!r} is closed" in run.stdout
+    assert "counts refused" in run.stdout
+    # a ResourceWarning raised in __del__ is printed, not raised: the exit code alone cannot tell
+    assert "ResourceWarning" not in run.stderr and "unclosed" not in run.stderr, run.stderr
