@@ -232,6 +232,8 @@ class Worker(LockKeepingMixin, QueueBase):
         self._run_task: Optional[asyncio.Task[None]] = None
         self._autorun_task: Optional[asyncio.Task[None]] = None
         self.autorun = bool(autorun)
+        # run() was called (or autorun asked for): else closing or dropping it warns (`_warn_never_run`)
+        self._ran = bool(autorun)
         if autorun:
             if self.processor is None:
                 raise InvalidArgument("autorun=True needs a processor: a worker without one is for manual "
@@ -316,6 +318,7 @@ class Worker(LockKeepingMixin, QueueBase):
         """Process jobs until `close()` (or SIGTERM/SIGINT, which close gracefully)."""
         if self.processor is None:
             raise InvalidArgument("this worker has no processor: pass one to Worker(...) to run it")
+        self._ran = True
         current = asyncio.current_task()
         autorun = self._autorun_task
         if autorun is not None and not autorun.done() and autorun is not current:
@@ -383,8 +386,26 @@ class Worker(LockKeepingMixin, QueueBase):
         logger.info("worker %s got %s: finishing active jobs, then stopping", self.name, signal.Signals(sig).name)
         asyncio.ensure_future(self.close())
 
+    def _warn_never_run(self, what: str) -> None:
+        """Say so when a worker with a processor ends without having run: Node's Worker starts on
+        construction, ours on ``run()`` (or ``autorun=True``), so a port from Node can forget it."""
+        if self._ran or self.processor is None:
+            return
+        self._ran = True  # once: a close and then the garbage collector do not both say it
+        logger.warning("worker for queue %r was %s without having run: call await worker.run() or pass "
+                       "autorun=True (Node's Worker starts on construction)", self.name, what)
+
+    def __del__(self) -> None:
+        # no event loop here (the loop may be gone): only the flags and a log line
+        try:
+            if not getattr(self, "_ran", True):
+                self._warn_never_run("garbage-collected")
+        except Exception:  # interpreter shutdown: logging may be half torn down
+            pass
+
     async def close(self, force: bool = False) -> None:
         """Stop taking jobs; wait for active ones to finish (unless ``force``), then disconnect."""
+        self._warn_never_run("closed")
         if self._closed.is_set() or (self.closing and not force):
             await self._closed.wait() if self._running else None
             return

@@ -2,6 +2,9 @@
 typed job options and the package's exports."""
 from __future__ import annotations
 
+import asyncio
+import gc
+import logging
 import subprocess
 import sys
 import textwrap
@@ -9,6 +12,7 @@ import textwrap
 import pytest
 
 from bullmq_compat import FlowProducer, Queue, QueueClosed, QueueEvents, Worker
+from tests.helpers import wait_until
 
 # -- 2. a closed Queue raises QueueClosed and never reconnects ----------------------------------
 
@@ -163,3 +167,54 @@ def test_closed_queue_leaks_no_socket_under_dev_mode(connect, queue_name, add_fi
     assert "counts refused" in run.stdout
     # a ResourceWarning raised in __del__ is printed, not raised: the exit code alone cannot tell
     assert "ResourceWarning" not in run.stderr and "unclosed" not in run.stderr, run.stderr
+
+
+# -- 3. a Worker with a processor that never ran says so ------------------------------------------
+
+async def _process(job):
+    return "done"
+
+
+def _never_run_records(caplog, queue_name):
+    return [r for r in caplog.records if r.levelno == logging.WARNING and "without having run" in r.getMessage()
+            and repr(queue_name) in r.getMessage()]
+
+
+async def test_a_worker_closed_without_having_run_warns(redis_url, queue_name, caplog):
+    caplog.set_level(logging.WARNING, logger="bullmq_compat")
+    worker = Worker(queue_name, _process, redis_url)
+    await worker.close()
+    await worker.close()
+    records = _never_run_records(caplog, queue_name)
+    assert len(records) == 1, caplog.text
+    message = records[0].getMessage()
+    assert message.startswith(f"worker for queue {queue_name!r} was closed without having run")
+    assert "await worker.run()" in message and "autorun=True" in message
+    assert records[0].name.startswith("bullmq_compat")
+
+
+async def test_a_worker_garbage_collected_without_having_run_warns(redis_url, queue_name, caplog):
+    caplog.set_level(logging.WARNING, logger="bullmq_compat")
+    worker = Worker(queue_name, _process, redis_url, group_keeper=False)
+    del worker
+    gc.collect()
+    records = _never_run_records(caplog, queue_name)
+    assert len(records) == 1, caplog.text
+    assert "was garbage-collected without having run" in records[0].getMessage()
+
+
+async def test_a_worker_that_ran_or_has_no_processor_does_not_warn(redis_url, queue_name, caplog):
+    caplog.set_level(logging.WARNING, logger="bullmq_compat")
+    manual = Worker(queue_name, None, redis_url)  # manual processing: nothing to run
+    assert await manual.get_next_job("t", block=False) is None
+    await manual.close()
+    ran = Worker(queue_name, _process, redis_url)
+    task = asyncio.ensure_future(ran.run(handle_signals=False))
+    await wait_until(ran.is_running, 30, "the worker running")
+    await ran.close()
+    await task
+    auto = Worker(queue_name, _process, redis_url, autorun=True)
+    await auto.close()
+    del manual, ran, auto
+    gc.collect()
+    assert _never_run_records(caplog, queue_name) == [], caplog.text
