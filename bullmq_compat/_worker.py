@@ -68,6 +68,14 @@ def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
     return value
 
 
+def _without_address(detail: str, label: str, address: str) -> str:
+    """An unavailable-error's text without its own "cannot reach <label> at <address>: " (the log line says it)."""
+    for lead in (f"cannot reach {label} at {address}: ", f"could not connect to {label} at {address}: "):
+        if detail.startswith(lead):
+            return detail[len(lead):]
+    return detail
+
+
 def load_processor(path: str) -> Callable[..., Any]:
     """Import ``"pkg.module:function"``."""
     module_name, _, attr = path.partition(":")
@@ -221,6 +229,7 @@ class Worker(LockKeepingMixin, QueueBase):
         self._tasks: list[asyncio.Task[Any]] = []
         self._slots: list[asyncio.Task[Any]] = []
         self._connection_down = False
+        self._had_connection = False  # a call went through once: later trouble is "lost", not "cannot reach"
         self._retry_pause = 0.1
         self._thread_pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._child_pool: Any = None  # _sandbox.ChildPool, made on the first job with use_processes
@@ -559,7 +568,13 @@ class Worker(LockKeepingMixin, QueueBase):
     def _connection_trouble(self, err: BaseException) -> float:
         if not self._connection_down:
             self._connection_down = True
-            logger.warning("worker %s lost %s (%s); retrying with back-off", self.name, self.backend.label, err)
+            label = self.backend.label
+            if self._had_connection:
+                logger.warning("worker %s lost %s (%s); retrying with back-off", self.name, label, err)
+            else:  # never connected: not "lost", the address (or the server) is wrong
+                address = self.backend.address
+                logger.warning("worker for queue %r cannot reach %s at %s (%s); retrying with back-off",
+                               self.name, label, address, _without_address(str(err), label, address))
             self.emit("error", err)
         pause = min(self._retry_pause, self.run_retry_delay / 1000)
         self._retry_pause = min(self._retry_pause * 2, 5.0, self.run_retry_delay / 1000)
@@ -568,7 +583,11 @@ class Worker(LockKeepingMixin, QueueBase):
     def _connection_ok(self) -> None:
         if self._connection_down:
             self._connection_down = False
-            logger.info("worker %s reconnected to %s", self.name, self.backend.label)
+            if self._had_connection:
+                logger.info("worker %s reconnected to %s", self.name, self.backend.label)
+            else:
+                logger.info("worker %s reached %s at %s", self.name, self.backend.label, self.backend.address)
+        self._had_connection = True
         self._retry_pause = 0.1
 
     async def _sleep(self, seconds: float) -> None:

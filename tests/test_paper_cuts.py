@@ -12,6 +12,8 @@ import textwrap
 import pytest
 
 from bullmq_compat import FlowProducer, Queue, QueueClosed, QueueEvents, Worker
+from tests._ports import free_port
+from tests._redis_server import RedisServer
 from tests.helpers import wait_until
 
 # -- 2. a closed Queue raises QueueClosed and never reconnects ----------------------------------
@@ -218,3 +220,52 @@ async def test_a_worker_that_ran_or_has_no_processor_does_not_warn(redis_url, qu
     del manual, ran, auto
     gc.collect()
     assert _never_run_records(caplog, queue_name) == [], caplog.text
+
+
+# -- 4. "cannot reach" when the worker never had a connection, "lost" only after one -------------
+
+def _warnings(caplog, *words):
+    return [r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING and r.name.startswith("bullmq_compat") and all(w in r.getMessage() for w in words)]
+
+
+@pytest.mark.parametrize("kind", ["redis", "postgres"])
+async def test_a_worker_that_never_connected_says_cannot_reach(kind, queue_name, caplog):
+    caplog.set_level(logging.WARNING, logger="bullmq_compat")
+    port = free_port()  # nothing listens there
+    if kind == "redis":
+        url, label, address = f"redis://127.0.0.1:{port}/0", "Redis", f"redis://127.0.0.1:{port}"
+    else:
+        pytest.importorskip("psycopg")
+        url, label, address = f"postgresql://nobody@127.0.0.1:{port}/nothing", "PostgreSQL", f"127.0.0.1:{port}"
+    worker = Worker(queue_name, _process, url)
+    task = asyncio.ensure_future(worker.run(handle_signals=False))
+    try:
+        lines = await wait_until(lambda: _warnings(caplog, repr(queue_name), "cannot reach"), 30,
+                                 "the worker's cannot-reach warning")
+        assert f"worker for queue {queue_name!r} cannot reach {label} at " in lines[0], lines
+        assert address in lines[0], lines
+        assert lines[0].count("cannot reach") == 1, lines  # the error's own lead-in is not repeated
+        assert _warnings(caplog, "lost") == [], caplog.text
+    finally:
+        await worker.close(force=True)
+        await task
+
+
+async def test_a_worker_that_had_a_connection_says_lost(queue_name, caplog):
+    caplog.set_level(logging.WARNING, logger="bullmq_compat")
+    server = RedisServer().start()
+    try:
+        worker = Worker(queue_name, _process, server.url, drain_delay=1, group_keeper=False)
+        ready = asyncio.Event()
+        worker.on("ready", lambda: ready.set())
+        task = asyncio.ensure_future(worker.run(handle_signals=False))
+        await asyncio.wait_for(ready.wait(), 30)
+        server.stop()
+        lines = await wait_until(lambda: _warnings(caplog, "lost Redis"), 30, "the worker's lost-Redis warning")
+        assert queue_name in lines[0]
+        assert _warnings(caplog, "cannot reach", repr(queue_name)) == [], caplog.text
+        await worker.close(force=True)
+        await task
+    finally:
+        server.stop()
