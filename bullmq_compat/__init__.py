@@ -38,6 +38,7 @@ from bullmq_compat._job import Job
 from bullmq_compat._queue import Queue
 from bullmq_compat._queue_events import QueueEvents, QueueEventsProducer
 from bullmq_compat._sandbox import ChildCrashed, SandboxedJob
+from bullmq_compat._wire.options import JobOptions
 from bullmq_compat._wire.upstream import UPSTREAM_VERSION
 from bullmq_compat._worker import Worker
 
@@ -47,7 +48,7 @@ __all__ = [
     "BullMQCompatError", "ChildCrashed", "DelayedError", "RateLimitError", "SandboxedJob",
     "UnrecoverableError", "WaitingChildrenError", "Worker", "InvalidArgument",
     "InvalidJobData", "InvalidJobId", "InvalidJobOptions",
-    "InvalidQueueName", "Job", "JobBelongsToJobScheduler", "JobHasFailedChildren", "JobLockMismatch",
+    "InvalidQueueName", "Job", "JobOptions", "JobBelongsToJobScheduler", "JobHasFailedChildren", "JobLockMismatch",
     "JobLockNotFound", "JobNotFound", "JobNotInState", "JobPendingChildren", "ParentJobCannotBeReplaced",
     "ParentJobNotFound", "Queue", "QueueClosed", "RedisUnavailable", "SchedulerJobIdCollision", "SchedulerJobSlotsBusy",
     "ScriptError", "UPSTREAM_VERSION", "UpstreamScriptsMissing", "__version__",

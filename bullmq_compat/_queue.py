@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import sys
 import time
 from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional, Sequence, cast
 
@@ -26,7 +27,12 @@ from bullmq_compat._queue_manage import QueueManagementMixin
 from bullmq_compat._scheduler import JobSchedulerMixin, _template_opts, _upsert, normalize_repeat_options
 from bullmq_compat._telemetry import resolve_both as resolve_telemetry
 from bullmq_compat._wire import codec
-from bullmq_compat._wire.options import from_wire, merge_defaults, normalize_job_options, to_wire
+from bullmq_compat._wire.options import JobOptions, from_wire, merge_defaults, normalize_job_options, to_wire
+
+if sys.version_info >= (3, 11):
+    from typing import Unpack
+else:  # typing_extensions>=4.6 (a dependency on Python 3.10)
+    from typing_extensions import Unpack
 
 LIBRARY_VERSION = "bullmq-compat:0.1.0"
 
@@ -272,6 +278,27 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
                  skip_metas_update: Optional[bool] = None, skip_version_check: bool = False,
                  skip_waiting_for_ready: bool = False, blocking_connection: Optional[bool] = None,
                  job_id_generator: Optional[JobIdGenerator] = None) -> None:
+        """The producer side of queue ``name``; nothing connects until the first call.
+
+        connection: a ``redis://`` / ``rediss://`` / ``unix://`` URL, a dict of client settings, a
+            ready redis client (not closed by `close`), or a ``postgresql://`` URL. Default: local Redis.
+        schema, migrate: PostgreSQL only: the schema (default "bullmq"), and ``migrate=True`` to
+            create or upgrade it on first use (else `migrate_postgres` must have run).
+        prefix: the key prefix (Node's ``prefix``; ``"{bull}"`` on Redis Cluster).
+        default_job_options: options merged under every `add` (as `JobOptions`; checked now).
+        max_len_events: about how many entries the events stream keeps (default 10000).
+        skip_meta_update: do not write the queue's meta (version, maxLenEvents) on first use.
+        telemetry: True or an OpenTelemetry TracerProvider: Node's spans and metrics.
+        repeat_strategy: ``fn(millis, repeat_opts, name) -> next run in ms`` for cron schedulers.
+        streams, settings, skip_metas_update: Node's forms of ``max_len_events``
+            (``{"events": {"max_len": n}}``), ``repeat_strategy`` and ``skip_meta_update``.
+        skip_version_check, skip_waiting_for_ready, blocking_connection: accepted as Node accepts
+            them; they change nothing here.
+        backend: a ready backend to share (internal: flows and tests).
+        job_id_generator: makes the id of each add that gives no ``job_id`` (e.g. `uuid7_ids`).
+
+        Bad values raise `InvalidArgument` naming the keyword and its rule, before anything connects.
+        """
         # Node's QueueOptions under Python names (docs/compatibility.md has the table): streams and
         # settings in Node's nested form; skip_version_check, skip_waiting_for_ready and
         # blocking_connection change nothing here (no Redis version gate, connections open on
@@ -410,9 +437,10 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
         self.emit("waiting", job)  # as Node's Queue.add (addBulk emits none)
         return job
 
-    async def add(self, name: str, data: Any = None, **opts: Any) -> Job:
+    async def add(self, name: str, data: Any = None, **opts: Unpack[JobOptions]) -> Job:
         """Add one job. Options by Python or Node name: delay, priority, lifo, attempts, backoff,
         job_id, remove_on_complete, remove_on_fail, deduplication, keep_logs, size_limit, ...
+        (`JobOptions` lists them with their types, for type checkers; docs/queue.md has the table).
 
         Bad input raises an `InvalidArgument` subclass before anything is written.
         """

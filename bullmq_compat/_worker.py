@@ -128,6 +128,53 @@ class Worker(LockKeepingMixin, QueueBase):
                  telemetry: Any = None, autorun: bool = False, maximum_rate_limit_delay: int = 30000,
                  metrics_port: Optional[int] = None, batch: Optional[Mapping[str, Any]] = None,
                  max_bytes: Optional[int] = None, group_affinity: Optional[bool] = None) -> None:
+        """A worker of queue ``queue_name``; it takes jobs once ``await worker.run()`` (or
+        ``autorun=True``) starts it. Node's WorkerOptions under Python names (docs/worker.md has
+        the table); durations are in **milliseconds** unless marked seconds.
+
+        processor: an ``async def``, a plain ``def`` (run in a thread) or ``"pkg.module:function"``;
+            it takes ``(job)``, ``(job, token)`` or ``(job, token, signal)``. None: manual
+            processing with `get_next_job`.
+        connection, prefix: as for `Queue` (a URL, a dict of client settings or a client).
+        schema, migrate: for a ``postgresql://`` connection, as for `Queue`.
+        name: the worker's name, shown by ``get_workers()`` (and Node's) and stored in each job's
+            ``processed_by``.
+        concurrency: jobs processed at once (``worker.concurrency = n`` changes it while running).
+        lock_duration: ms a job's lock lasts without renewal (default 30000).
+        lock_renew_time: ms; locks are checked every ``lock_renew_time / 2`` and extended once that
+            old (default ``lock_duration // 2``).
+        stalled_interval: ms between two checks for stalled jobs (default 30000).
+        max_stalled_count: times a job may stall and be taken back before it fails (default 1).
+        limiter: ``{"max": n, "duration": ms}``: at most n jobs per duration for the queue.
+        remove_on_complete, remove_on_fail: as the job options of these names, for jobs that set none.
+        drain_delay: **seconds** an idle worker blocks waiting for a job before asking again (default 5).
+        metrics: ``{"max_data_points": n}``: record completed/failed counts per minute (n one-minute
+            points, see `MetricsTime`).
+        backoff_strategy: custom backoff ``fn(attempts_made, type, err, job) -> ms`` for a job's
+            ``backoff={"type": <custom>}``.
+        settings: Node's form of it: ``{"backoff_strategy": fn}``.
+        max_started_attempts: fail a job once it has been started more than this many times.
+        skip_stalled_check, skip_lock_renewal: run no stalled checker / renew no locks.
+        run_retry_delay: ms, the longest wait between two tries of a call that met a connection
+            error (the waits start at 100 ms and double, up to 5 s; default 15000).
+        use_processes: run the processor (a ``"pkg.module:function"`` path) in child processes.
+        process_pool_size: child processes with ``use_processes`` (default: ``concurrency``).
+        shutdown_timeout: **seconds** `close` waits for active jobs before cancelling them (default 30).
+        fast_path: hot calls over a pipelined hiredis connection (False: redis-py only).
+        group_keeper: True (or "sweep"), "stream" or False: how this worker releases the groups of
+            jobs Node workers finished (docs/groups.md).
+        group_sweep_interval: **seconds** between two sweeps of the group keeper (default 1).
+        telemetry: True or an OpenTelemetry TracerProvider: Node's spans and metrics.
+        autorun: start processing at once on the running event loop (Node's default; ours is False).
+        maximum_rate_limit_delay: ms; a rate-limited worker looks again after at most this long
+            (default 30000).
+        metrics_port: serve Prometheus job metrics on this port (the ``metrics`` extra).
+        batch: ``{"size": n, "min_size": m, "timeout": ms, "max_bytes": b, "group_affinity": bool}``:
+            the processor takes up to n jobs at a time (docs/worker.md, "Batches").
+        max_bytes, group_affinity: the same as the keys of ``batch`` of these names.
+
+        Bad values raise `InvalidArgument` naming the keyword and its rule, before anything connects.
+        """
         super().__init__(queue_name, connection, prefix=prefix, schema=schema, migrate=migrate)
         self.id = str(uuid.uuid4())
         self.worker_name = name

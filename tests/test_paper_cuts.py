@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import inspect
 import logging
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
-from bullmq_compat import FlowProducer, Queue, QueueClosed, QueueEvents, Worker
+from bullmq_compat import FlowProducer, InvalidJobOptions, JobOptions, Queue, QueueClosed, QueueEvents, Worker
 from tests._ports import free_port
 from tests._redis_server import RedisServer
 from tests.helpers import wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # -- 2. a closed Queue raises QueueClosed and never reconnects ----------------------------------
 
@@ -269,3 +274,87 @@ async def test_a_worker_that_had_a_connection_says_lost(queue_name, caplog):
         await task
     finally:
         server.stop()
+
+
+# -- 5. typed job options -----------------------------------------------------------------------
+
+def test_job_options_lists_every_option_add_accepts():
+    from bullmq_compat._groups import GROUP_OPTIONS
+    from bullmq_compat._wire.options import JOB_OPTIONS
+
+    accepted = {opt.python for opt in JOB_OPTIONS} | {opt.node for opt in JOB_OPTIONS} | set(GROUP_OPTIONS)
+    assert set(JobOptions.__annotations__) == accepted
+    assert JobOptions.__total__ is False
+
+
+_TYPED_GOOD = """
+from bullmq_compat import JobOptions, Queue
+
+async def main(queue: Queue) -> None:
+    await queue.add("send", {"to": "a@b"}, attempts=3, delay=1500, backoff={"type": "exponential", "delay": 100},
+                    remove_on_complete={"count": 10}, job_id="mail-1", priority=2, deduplication={"id": "d"},
+                    group="user:7", lifo=False, keep_logs=None, jobId="mail-2", removeOnFail=True)
+    opts: JobOptions = {"attempts": 2, "remove_on_fail": 5}
+    await queue.add("send", {}, **opts)
+"""
+
+
+async def test_mypy_checks_the_options_of_queue_add(redis_url, queue_name, tmp_path):
+    (tmp_path / "good.py").write_text(_TYPED_GOOD)
+    (tmp_path / "bad_type.py").write_text(
+        "from bullmq_compat import Queue\n\nasync def main(queue: Queue) -> None:\n"
+        "    await queue.add('send', {}, attempts='x')\n")
+    (tmp_path / "bad_name.py").write_text(
+        "from bullmq_compat import Queue\n\nasync def main(queue: Queue) -> None:\n"
+        "    await queue.add('send', {}, atempts=3)\n")
+    env = {**os.environ, "MYPYPATH": str(ROOT)}  # an editable install's import hook is not seen by mypy
+    run = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "mypy", "--strict", "--python-version", "3.10",
+                         "--follow-imports", "silent", "--no-error-summary", "good.py", "bad_type.py", "bad_name.py"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    lines = [line for line in run.stdout.splitlines() if ": error:" in line]
+    assert [line for line in lines if line.startswith("good.py")] == [], run.stdout
+    assert any(line.startswith("bad_type.py:4:") and '"attempts"' in line and "[arg-type]" in line
+               for line in lines), run.stdout + run.stderr
+    assert any(line.startswith("bad_name.py:4:") and '"atempts"' in line and "[call-arg]" in line
+               for line in lines), run.stdout + run.stderr
+    assert len(lines) == 2, run.stdout
+    # at run time nothing changed: the unknown option is still refused, naming it
+    queue = Queue(queue_name, redis_url)
+    try:
+        with pytest.raises(InvalidJobOptions, match="unknown job option 'atempts'"):
+            await queue.add("send", {}, atempts=3)  # type: ignore[call-arg]
+        with pytest.raises(InvalidJobOptions, match="attempts='x'"):
+            await queue.add("send", {}, attempts="x")  # type: ignore[arg-type]
+    finally:
+        await queue.close()
+
+
+_UNITS = {"lock_duration": "ms", "lock_renew_time": "ms", "stalled_interval": "ms", "run_retry_delay": "ms",
+          "maximum_rate_limit_delay": "ms", "drain_delay": "seconds", "shutdown_timeout": "seconds",
+          "group_sweep_interval": "seconds"}
+
+
+def _docstring_entries(doc: str) -> dict[str, str]:
+    """``name, other: text`` entries of a docstring (indented lines continue the entry above)."""
+    texts: list[str] = []
+    names: dict[str, int] = {}
+    for line in doc.splitlines():
+        head = line.split(":", 1)[0]
+        if ":" in line and not line.startswith(" ") and all(n.strip().isidentifier() for n in head.split(",")):
+            texts.append(line.split(":", 1)[1])
+            names.update({n.strip(): len(texts) - 1 for n in head.split(",")})
+        elif line.startswith(" ") and texts:
+            texts[-1] += " " + line.strip()
+    return {name: texts[i] for name, i in names.items()}
+
+
+@pytest.mark.parametrize("cls", [Worker, Queue], ids=lambda c: c.__name__)
+def test_init_docstring_names_every_keyword_and_each_durations_unit(cls):
+    doc = inspect.getdoc(cls.__init__) or ""
+    entries = _docstring_entries(doc)
+    keywords = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "name", "queue_name")]
+    assert keywords and [k for k in keywords if k not in entries] == [], doc
+    for keyword, unit in _UNITS.items():
+        if keyword in keywords:
+            assert unit in entries[keyword], (keyword, entries[keyword])
