@@ -358,3 +358,38 @@ def test_init_docstring_names_every_keyword_and_each_durations_unit(cls):
     for keyword, unit in _UNITS.items():
         if keyword in keywords:
             assert unit in entries[keyword], (keyword, entries[keyword])
+
+
+# -- 6. the package's exports -------------------------------------------------------------------
+
+def test_the_package_exports_resolve_sorted_and_unique():
+    import bullmq_compat
+
+    names = bullmq_compat.__all__
+    assert [name for name in names if not hasattr(bullmq_compat, name)] == []
+    assert names == sorted(names)
+    assert len(names) == len(set(names))
+    assert {"QueueClosed", "JobOptions", "Queue", "Worker", "FlowProducer", "__version__"} <= set(names)
+
+
+def test_every_exported_exception_is_in_bullmq_compat_errors():
+    import bullmq_compat
+    import bullmq_compat.errors as errors
+
+    exported = {name for name in bullmq_compat.__all__
+                if isinstance(getattr(bullmq_compat, name), type) and issubclass(getattr(bullmq_compat, name), BaseException)}
+    assert {"QueueClosed", "JobNotFound", "GroupJobRefused", "ChildCrashed", "AbortError", "WaitingError"} <= exported
+    assert set(errors.__all__) == exported
+    assert errors.__all__ == sorted(errors.__all__)
+    for name in errors.__all__:
+        assert getattr(errors, name) is getattr(bullmq_compat, name), name
+        assert issubclass(getattr(errors, name), bullmq_compat.BullMQCompatError), name
+    from bullmq_compat.errors import JobNotFound, QueueClosed
+
+    assert QueueClosed is bullmq_compat.QueueClosed and JobNotFound is bullmq_compat.JobNotFound
+
+
+def test_the_package_imports_in_a_fresh_interpreter():
+    run = subprocess.run([sys.executable, "-c", "import bullmq_compat.errors, bullmq_compat; "
+                          "print(len(bullmq_compat.__all__))"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and int(run.stdout) > 60, run.stderr
