@@ -204,6 +204,11 @@ async def cmd_pause(args: argparse.Namespace) -> int:
 async def cmd_worker(args: argparse.Namespace) -> int:
     from bullmq_compat._worker import Worker
 
+    # as Celery and RQ: 'myapp.jobs:send' is found in the current directory (docs/cli.md) -- the
+    # console script's sys.path[0] is its own bin/ folder, not the directory it is run from
+    cwd = os.getcwd()
+    if sys.path[:1] not in ([cwd], [""]):
+        sys.path.insert(0, cwd)
     url, options = _connection(args)
     if args.metrics_port is not None:  # before the worker, so it shares this server (on --metrics-host)
         from bullmq_compat._prometheus import serve_worker_metrics

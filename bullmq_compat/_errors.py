@@ -40,6 +40,11 @@ class RedisUnavailable(BullMQCompatError, ConnectionError):
     """Redis could not be reached at the configured address."""
 
 
+class QueueClosed(BullMQCompatError):
+    """A call on a Queue (Worker, QueueEvents, FlowProducer...) after its ``close()``: it does not
+    reconnect; create a new one."""
+
+
 class ScriptError(BullMQCompatError):
     """An upstream script refused the call with a negative code (see `code`)."""
 

@@ -20,10 +20,10 @@ from opentelemetry.trace import SpanKind
 from bullmq_compat._backends import open_backend
 from bullmq_compat._backends.base import NewJob
 from bullmq_compat._errors import (
-    BullMQCompatError,
     InvalidArgument,
     InvalidJobOptions,
     ParentJobNotFound,
+    QueueClosed,
     script_error,
 )
 from bullmq_compat._job import Job
@@ -124,15 +124,26 @@ class FlowProducer:
         """The redis-py client (Redis only)."""
         return getattr(self._backend, "client")
 
+    def _closed_error(self) -> QueueClosed:
+        return QueueClosed("this FlowProducer is closed: create a new FlowProducer to add or read flows "
+                           "(a closed one does not reconnect)")
+
     async def wait_until_ready(self) -> None:
         """Check once that the datastore answers (raises naming the address, never a password)."""
+        if self.closing:
+            raise self._closed_error()
         if not self._ready:
             await self._backend.connect()
             self._ready = True
 
     async def close(self) -> None:
-        """Close the connection it opened (a client passed as ``connection=`` stays open); later adds are refused."""
+        """Close the connection it opened (a client passed as ``connection=`` stays open); later calls
+        (and those of its queues' jobs) raise `QueueClosed`; closing again does nothing."""
+        if self.closing:
+            return
         self.closing = True
+        for queue in self._queues.values():  # they share our connection: closed with it
+            await queue.close()
         await self._backend.close()
 
     async def __aenter__(self) -> "FlowProducer":
@@ -147,6 +158,8 @@ class FlowProducer:
         prefix = self.prefix if prefix is None else check_prefix(prefix)
         found = self._queues.get((prefix, name))
         if found is None:
+            if self.closing:
+                raise self._closed_error()
             found = Queue(name, prefix=prefix, skip_meta_update=True,
                           backend=self._backend.for_queue(name, prefix))
             self._queues[(prefix, name)] = found
@@ -177,7 +190,7 @@ class FlowProducer:
     async def _add(self, flows: list[Mapping[str, Any]], queues_options: Optional[Mapping[str, Mapping[str, Any]]],
                    *, bulk: bool) -> list[JobNode]:
         if self.closing:
-            raise BullMQCompatError("this FlowProducer is closed")
+            raise self._closed_error()
         if self.telemetry is None:
             return await self._add_flows(flows, queues_options, None)
         if bulk:
@@ -352,7 +365,7 @@ class FlowProducer:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidArgument(f"get_flow {label}={value!r} must be an int >= 1")
         if self.closing:
-            raise BullMQCompatError("this FlowProducer is closed")
+            raise self._closed_error()
         await self.wait_until_ready()
         return await self._get_node(given.get("prefix") or self.prefix, queue_name, job_id, depth, max_children)
 

@@ -3,15 +3,16 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import sys
 import time
-from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional, Sequence, cast
 
 from opentelemetry.trace import SpanKind
 
 from bullmq_compat import _telemetry as telemetry_attrs
 from bullmq_compat._backends import open_backend
 from bullmq_compat._backends.base import NewJob, QueueBackend, WorkerChannel, WorkerSettings
-from bullmq_compat._errors import InvalidArgument, InvalidQueueName, script_error
+from bullmq_compat._errors import InvalidArgument, InvalidQueueName, QueueClosed, script_error
 from bullmq_compat._events import EventEmitter
 from bullmq_compat._groups import (
     GROUP_OPTIONS,
@@ -26,7 +27,12 @@ from bullmq_compat._queue_manage import QueueManagementMixin
 from bullmq_compat._scheduler import JobSchedulerMixin, _template_opts, _upsert, normalize_repeat_options
 from bullmq_compat._telemetry import resolve_both as resolve_telemetry
 from bullmq_compat._wire import codec
-from bullmq_compat._wire.options import from_wire, merge_defaults, normalize_job_options, to_wire
+from bullmq_compat._wire.options import JobOptions, from_wire, merge_defaults, normalize_job_options, to_wire
+
+if sys.version_info >= (3, 11):
+    from typing import Unpack
+else:  # typing_extensions>=4.6 (a dependency on Python 3.10)
+    from typing_extensions import Unpack
 
 LIBRARY_VERSION = "bullmq-compat:0.1.0"
 
@@ -62,6 +68,31 @@ def check_states(types: Iterable[str]) -> list[str]:
     return seen or list(ALL_STATES)
 
 
+def closed_error(owner: Any) -> QueueClosed:
+    """What a call on ``owner`` (a Queue, Worker, QueueEvents ...) after its ``close()`` raises."""
+    kind = type(owner).__name__
+    subject = f"queue {owner.name!r}" if kind == "Queue" else f"{kind} of queue {owner.name!r}"
+    return QueueClosed(f"{subject} is closed: create a new {kind} to use the queue again "
+                       "(a closed one does not reconnect)")
+
+
+class _ClosedBackend:
+    """What a closed QueueBase holds instead of its backend: every call that would reach the
+    datastore (and so reconnect) raises `QueueClosed`; plain descriptions of the queue still read."""
+
+    _READABLE = frozenset({"kind", "label", "name", "prefix", "qualified_name", "description", "keys",
+                           "client", "is_cluster", "transient_errors", "is_transient", "client_name"})
+
+    def __init__(self, backend: QueueBackend, owner: QueueBase) -> None:
+        self._backend = backend
+        self._owner = owner
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._READABLE:
+            return getattr(self._backend, name)
+        raise closed_error(self._owner)
+
+
 class QueueBase(EventEmitter):
     """What every queue-bound class shares: name, prefix and the backend that holds the queue."""
 
@@ -80,6 +111,7 @@ class QueueBase(EventEmitter):
         self._plain_channel: Optional[WorkerChannel] = None
         self._ready: Optional[asyncio.Future[None]] = None
         self.closing = False
+        self._is_closed = False  # close() has run: every later call raises QueueClosed
 
     # Redis-only views, for code and tests that look at the keys (AttributeError on PostgreSQL)
     @property
@@ -135,6 +167,8 @@ class QueueBase(EventEmitter):
         """Check once that the datastore answers (naming where, without secrets) and run first-use set-up."""
         if self._readied():
             return  # every call after the first: no shield, no task
+        if self._is_closed:
+            raise closed_error(self)
         if self._ready is None:
             self._ready = asyncio.ensure_future(self._first_use())
         try:
@@ -148,7 +182,9 @@ class QueueBase(EventEmitter):
 
     async def disconnect(self) -> None:
         """Drop this object's connections now (Node's ``disconnect``); unlike `close`, the object
-        stays usable: its next call connects again."""
+        stays usable: its next call connects again (after `close`, nothing to drop)."""
+        if self._is_closed:
+            return
         channel = self._plain_channel
         if channel is not None:
             self._plain_channel = None
@@ -157,14 +193,21 @@ class QueueBase(EventEmitter):
         await self.backend.disconnect()
 
     async def close(self) -> None:
-        """Close the connections this object opened (a client passed as ``connection=`` stays open)."""
+        """Close the connections this object opened (a client passed as ``connection=`` stays open).
+        For good: every later call that would reach the datastore raises `QueueClosed` (nothing
+        reconnects); closing again does nothing."""
+        if self._is_closed:
+            return
         self.closing = True
+        self._is_closed = True
+        self._ready = None  # the hot paths' check (`_readied`) sends them to `wait_until_ready`
+        backend, self.backend = self.backend, cast(QueueBackend, _ClosedBackend(self.backend, self))
         channel = self._plain_channel
         if channel is not None:
             self._plain_channel = None
             await channel.close()
         if self._owns_backend:
-            await self.backend.close()
+            await backend.close()
 
     def __repr__(self) -> str:  # the connection as errors name it: never its password
         return f"<{type(self).__name__} {self.qualified_name} {self.backend.description}>"
@@ -239,6 +282,27 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
                  skip_metas_update: Optional[bool] = None, skip_version_check: bool = False,
                  skip_waiting_for_ready: bool = False, blocking_connection: Optional[bool] = None,
                  job_id_generator: Optional[JobIdGenerator] = None) -> None:
+        """The producer side of queue ``name``; nothing connects until the first call.
+
+        connection: a ``redis://`` / ``rediss://`` / ``unix://`` URL, a dict of client settings, a
+            ready redis client (not closed by `close`), or a ``postgresql://`` URL. Default: local Redis.
+        schema, migrate: PostgreSQL only: the schema (default "bullmq"), and ``migrate=True`` to
+            create or upgrade it on first use (else `migrate_postgres` must have run).
+        prefix: the key prefix (Node's ``prefix``; ``"{bull}"`` on Redis Cluster).
+        default_job_options: options merged under every `add` (as `JobOptions`; checked now).
+        max_len_events: about how many entries the events stream keeps (default 10000).
+        skip_meta_update: do not write the queue's meta (version, maxLenEvents) on first use.
+        telemetry: True or an OpenTelemetry TracerProvider: Node's spans and metrics.
+        repeat_strategy: ``fn(millis, repeat_opts, name) -> next run in ms`` for cron schedulers.
+        streams, settings, skip_metas_update: Node's forms of ``max_len_events``
+            (``{"events": {"max_len": n}}``), ``repeat_strategy`` and ``skip_meta_update``.
+        skip_version_check, skip_waiting_for_ready, blocking_connection: accepted as Node accepts
+            them; they change nothing here.
+        backend: a ready backend to share (internal: flows and tests).
+        job_id_generator: makes the id of each add that gives no ``job_id`` (e.g. `uuid7_ids`).
+
+        Bad values raise `InvalidArgument` naming the keyword and its rule, before anything connects.
+        """
         # Node's QueueOptions under Python names (docs/compatibility.md has the table): streams and
         # settings in Node's nested form; skip_version_check, skip_waiting_for_ready and
         # blocking_connection change nothing here (no Redis version gate, connections open on
@@ -377,9 +441,10 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
         self.emit("waiting", job)  # as Node's Queue.add (addBulk emits none)
         return job
 
-    async def add(self, name: str, data: Any = None, **opts: Any) -> Job:
+    async def add(self, name: str, data: Any = None, **opts: Unpack[JobOptions]) -> Job:
         """Add one job. Options by Python or Node name: delay, priority, lifo, attempts, backoff,
         job_id, remove_on_complete, remove_on_fail, deduplication, keep_logs, size_limit, ...
+        (`JobOptions` lists them with their types, for type checkers; docs/queue.md has the table).
 
         Bad input raises an `InvalidArgument` subclass before anything is written.
         """

@@ -68,6 +68,14 @@ def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
     return value
 
 
+def _without_address(detail: str, label: str, address: str) -> str:
+    """An unavailable-error's text without its own "cannot reach <label> at <address>: " (the log line says it)."""
+    for lead in (f"cannot reach {label} at {address}: ", f"could not connect to {label} at {address}: "):
+        if detail.startswith(lead):
+            return detail[len(lead):]
+    return detail
+
+
 def load_processor(path: str) -> Callable[..., Any]:
     """Import ``"pkg.module:function"``."""
     module_name, _, attr = path.partition(":")
@@ -120,6 +128,53 @@ class Worker(LockKeepingMixin, QueueBase):
                  telemetry: Any = None, autorun: bool = False, maximum_rate_limit_delay: int = 30000,
                  metrics_port: Optional[int] = None, batch: Optional[Mapping[str, Any]] = None,
                  max_bytes: Optional[int] = None, group_affinity: Optional[bool] = None) -> None:
+        """A worker of queue ``queue_name``; it takes jobs once ``await worker.run()`` (or
+        ``autorun=True``) starts it. Node's WorkerOptions under Python names (docs/worker.md has
+        the table); durations are in **milliseconds** unless marked seconds.
+
+        processor: an ``async def``, a plain ``def`` (run in a thread) or ``"pkg.module:function"``;
+            it takes ``(job)``, ``(job, token)`` or ``(job, token, signal)``. None: manual
+            processing with `get_next_job`.
+        connection, prefix: as for `Queue` (a URL, a dict of client settings or a client).
+        schema, migrate: for a ``postgresql://`` connection, as for `Queue`.
+        name: the worker's name, shown by ``get_workers()`` (and Node's) and stored in each job's
+            ``processed_by``.
+        concurrency: jobs processed at once (``worker.concurrency = n`` changes it while running).
+        lock_duration: ms a job's lock lasts without renewal (default 30000).
+        lock_renew_time: ms; locks are checked every ``lock_renew_time / 2`` and extended once that
+            old (default ``lock_duration // 2``).
+        stalled_interval: ms between two checks for stalled jobs (default 30000).
+        max_stalled_count: times a job may stall and be taken back before it fails (default 1).
+        limiter: ``{"max": n, "duration": ms}``: at most n jobs per duration for the queue.
+        remove_on_complete, remove_on_fail: as the job options of these names, for jobs that set none.
+        drain_delay: **seconds** an idle worker blocks waiting for a job before asking again (default 5).
+        metrics: ``{"max_data_points": n}``: record completed/failed counts per minute (n one-minute
+            points, see `MetricsTime`).
+        backoff_strategy: custom backoff ``fn(attempts_made, type, err, job) -> ms`` for a job's
+            ``backoff={"type": <custom>}``.
+        settings: Node's form of it: ``{"backoff_strategy": fn}``.
+        max_started_attempts: fail a job once it has been started more than this many times.
+        skip_stalled_check, skip_lock_renewal: run no stalled checker / renew no locks.
+        run_retry_delay: ms, the longest wait between two tries of a call that met a connection
+            error (the waits start at 100 ms and double, up to 5 s; default 15000).
+        use_processes: run the processor (a ``"pkg.module:function"`` path) in child processes.
+        process_pool_size: child processes with ``use_processes`` (default: ``concurrency``).
+        shutdown_timeout: **seconds** `close` waits for active jobs before cancelling them (default 30).
+        fast_path: hot calls over a pipelined hiredis connection (False: redis-py only).
+        group_keeper: True (or "sweep"), "stream" or False: how this worker releases the groups of
+            jobs Node workers finished (docs/groups.md).
+        group_sweep_interval: **seconds** between two sweeps of the group keeper (default 1).
+        telemetry: True or an OpenTelemetry TracerProvider: Node's spans and metrics.
+        autorun: start processing at once on the running event loop (Node's default; ours is False).
+        maximum_rate_limit_delay: ms; a rate-limited worker looks again after at most this long
+            (default 30000).
+        metrics_port: serve Prometheus job metrics on this port (the ``metrics`` extra).
+        batch: ``{"size": n, "min_size": m, "timeout": ms, "max_bytes": b, "group_affinity": bool}``:
+            the processor takes up to n jobs at a time (docs/worker.md, "Batches").
+        max_bytes, group_affinity: the same as the keys of ``batch`` of these names.
+
+        Bad values raise `InvalidArgument` naming the keyword and its rule, before anything connects.
+        """
         super().__init__(queue_name, connection, prefix=prefix, schema=schema, migrate=migrate)
         self.id = str(uuid.uuid4())
         self.worker_name = name
@@ -221,6 +276,7 @@ class Worker(LockKeepingMixin, QueueBase):
         self._tasks: list[asyncio.Task[Any]] = []
         self._slots: list[asyncio.Task[Any]] = []
         self._connection_down = False
+        self._had_connection = False  # a call went through once: later trouble is "lost", not "cannot reach"
         self._retry_pause = 0.1
         self._thread_pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._child_pool: Any = None  # _sandbox.ChildPool, made on the first job with use_processes
@@ -232,6 +288,8 @@ class Worker(LockKeepingMixin, QueueBase):
         self._run_task: Optional[asyncio.Task[None]] = None
         self._autorun_task: Optional[asyncio.Task[None]] = None
         self.autorun = bool(autorun)
+        # run() was called (or autorun asked for): else closing or dropping it warns (`_warn_never_run`)
+        self._ran = bool(autorun)
         if autorun:
             if self.processor is None:
                 raise InvalidArgument("autorun=True needs a processor: a worker without one is for manual "
@@ -322,6 +380,7 @@ class Worker(LockKeepingMixin, QueueBase):
         """Process jobs until `close()` (or SIGTERM/SIGINT, which close gracefully)."""
         if self.processor is None:
             raise InvalidArgument("this worker has no processor: pass one to Worker(...) to run it")
+        self._ran = True
         current = asyncio.current_task()
         autorun = self._autorun_task
         if autorun is not None and not autorun.done() and autorun is not current:
@@ -389,8 +448,26 @@ class Worker(LockKeepingMixin, QueueBase):
         logger.info("worker %s got %s: finishing active jobs, then stopping", self.name, signal.Signals(sig).name)
         asyncio.ensure_future(self.close())
 
+    def _warn_never_run(self, what: str) -> None:
+        """Say so when a worker with a processor ends without having run: Node's Worker starts on
+        construction, ours on ``run()`` (or ``autorun=True``), so a port from Node can forget it."""
+        if self._ran or self.processor is None:
+            return
+        self._ran = True  # once: a close and then the garbage collector do not both say it
+        logger.warning("worker for queue %r was %s without having run: call await worker.run() or pass "
+                       "autorun=True (Node's Worker starts on construction)", self.name, what)
+
+    def __del__(self) -> None:
+        # no event loop here (the loop may be gone): only the flags and a log line
+        try:
+            if not getattr(self, "_ran", True):
+                self._warn_never_run("garbage-collected")
+        except Exception:  # interpreter shutdown: logging may be half torn down
+            pass
+
     async def close(self, force: bool = False) -> None:
         """Stop taking jobs; wait for active ones to finish (unless ``force``), then disconnect."""
+        self._warn_never_run("closed")
         if self._closed.is_set() or (self.closing and not force):
             await self._closed.wait() if self._running else None
             return
@@ -545,7 +622,13 @@ class Worker(LockKeepingMixin, QueueBase):
     def _connection_trouble(self, err: BaseException) -> float:
         if not self._connection_down:
             self._connection_down = True
-            logger.warning("worker %s lost %s (%s); retrying with back-off", self.name, self.backend.label, err)
+            label = self.backend.label
+            if self._had_connection:
+                logger.warning("worker %s lost %s (%s); retrying with back-off", self.name, label, err)
+            else:  # never connected: not "lost", the address (or the server) is wrong
+                address = self.backend.address
+                logger.warning("worker for queue %r cannot reach %s at %s (%s); retrying with back-off",
+                               self.name, label, address, _without_address(str(err), label, address))
             self.emit("error", err)
         pause = min(self._retry_pause, self.run_retry_delay / 1000)
         self._retry_pause = min(self._retry_pause * 2, 5.0, self.run_retry_delay / 1000)
@@ -554,7 +637,11 @@ class Worker(LockKeepingMixin, QueueBase):
     def _connection_ok(self) -> None:
         if self._connection_down:
             self._connection_down = False
-            logger.info("worker %s reconnected to %s", self.name, self.backend.label)
+            if self._had_connection:
+                logger.info("worker %s reconnected to %s", self.name, self.backend.label)
+            else:
+                logger.info("worker %s reached %s at %s", self.name, self.backend.label, self.backend.address)
+        self._had_connection = True
         self._retry_pause = 0.1
 
     async def _sleep(self, seconds: float) -> None:

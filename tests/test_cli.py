@@ -178,3 +178,44 @@ def test_console_script_is_installed():
     script = Path(sys.executable).parent / "bullmq-compat"
     result = subprocess.run([str(script), "--help"], capture_output=True, text=True, env={**os.environ})
     assert result.returncode == 0 and "keeper" in result.stdout
+
+
+def test_console_script_worker_imports_the_processor_from_the_current_directory(redis_url, queue_name, tmp_path):
+    """`bullmq-compat worker myapp.jobs:send` run from the folder holding myapp/ (issue #26): the
+    console script's sys.path[0] is its bin/ folder, so the worker puts the current directory first."""
+    package = tmp_path / f"app_{queue_name.replace('-', '_')}"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "jobs.py").write_text("async def send(job):\n    return {'sent': job.data['i']}\n")
+    script = Path(sys.executable).with_name("bullmq-compat")
+    assert script.exists(), script
+
+    async def add_and_read(job_id=None):
+        queue = Queue(queue_name, redis_url)
+        try:
+            if job_id is None:
+                return str((await queue.add("send", {"i": 7})).id)
+            return (await queue.get_job(job_id)).returnvalue
+        finally:
+            await queue.close()
+
+    job_id = asyncio.run(add_and_read())
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    proc = subprocess.Popen([str(script), "worker", f"{package.name}.jobs:send", "--queue", queue_name,
+                             "--redis", redis_url], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        value = None
+        while value is None and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+            value = asyncio.run(add_and_read(job_id))
+        if proc.poll() is not None:  # it stopped by itself: the import failed
+            pytest.fail(f"the worker exited with {proc.returncode}: {proc.stderr.read()}")
+        assert value == {"sent": 7}
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -387,7 +387,7 @@ async def test_waiting_for_one_named_child(redis_url: str, queue_name: str) -> N
             assert await job.move_to_waiting_children(token, {"id": "kid", "queue": children.qualified_name}) is True
         finally:
             await worker.close()
-    assert await parent.get_state() == "waiting-children"
+        assert await parent.get_state() == "waiting-children"  # while its queue is open
 
 
 async def test_children_under_another_prefix(flows: FlowProducer, queue_name: str, redis: Any) -> None:

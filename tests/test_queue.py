@@ -138,13 +138,14 @@ async def test_add_bulk_keeps_order_in_one_round_trip(redis_url: str, queue_name
             ])
             assert CountingConnection.sends - sends == 1
             assert await _evalsha_calls(redis) - evals == 5
+            # while the queue is open: a closed Queue's jobs raise QueueClosed
+            assert [await j.get_state() for j in jobs] == ["waiting", "delayed", "prioritized", "waiting", "waiting"]
     finally:
         await client.aclose()
     assert [j.name for j in jobs] == ["a", "b", "c", "d", "e"]
     assert [j.data for j in jobs] == [{"i": 0}, {"i": 1}, {"i": 2}, {"i": 3}, {}]
     assert [j.id for j in jobs] == ["4", "5", "6", "custom", "8"]
     assert [await redis.hget(f"bull:{queue_name}:{j.id}", "name") for j in jobs] == ["a", "b", "c", "d", "e"]
-    assert [await j.get_state() for j in jobs] == ["waiting", "delayed", "prioritized", "waiting", "waiting"]
 
 
 async def test_add_bulk_of_nothing(queue: Queue) -> None:

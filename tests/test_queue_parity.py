@@ -295,9 +295,10 @@ async def test_job_is_waiting_children_and_clear_logs(queue: Queue, redis_url: s
     async with FlowProducer(connection=redis_url) as flows:
         tree = await flows.add({"name": "p", "queue_name": queue.name,
                                 "children": [{"name": "c", "queue_name": queue.name}]})
-    assert await tree.job.is_waiting_children() is True
-    assert await tree.children[0].job.is_waiting_children() is False
-    job = tree.children[0].job
+    # the tree's jobs belong to the closed producer's queues: read them again through an open one
+    parent, job = await queue.get_job(str(tree.job.id)), await queue.get_job(str(tree.children[0].job.id))
+    assert await parent.is_waiting_children() is True
+    assert await job.is_waiting_children() is False
     for row in ("a", "b", "c", "d"):
         await job.log(row)
     await job.clear_logs(keep=2)

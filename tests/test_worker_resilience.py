@@ -126,11 +126,12 @@ async def test_lock_renewal_keeps_a_long_job(redis_url: str, queue_name: str, re
             lock_ttls.append(await redis.pttl(f"bull:{queue_name}:{job.id}:lock"))
         await wait_until(lambda: bool(completed), 5, "the long job to complete")
         await asyncio.sleep(0.4)  # another stalled check or two
+        done = await queue.get_job(job.id)  # while the queue is open (a closed one raises QueueClosed)
+        state = await queue.get_job_state(job.id)
     assert all(ttl > 0 for ttl in lock_ttls), f"the lock lapsed during the job: PTTLs {lock_ttls}"
     assert stalled == [] and runs == [job.id] and completed == [job.id]
-    done = await queue.get_job(job.id)
     assert done is not None and done.returnvalue == "long" and done.attempts_started == 1
-    assert await queue.get_job_state(job.id) == "completed"
+    assert state == "completed"
 
 
 async def test_job_of_a_killed_worker_is_recovered(redis_url: str, queue_name: str) -> None:
@@ -291,9 +292,9 @@ async def test_use_processes_runs_the_processor_in_a_child(redis_url: str, queue
     async with a_queue(queue_name, redis_url) as queue, running(worker):
         job = await queue.add("cpu", {"n": 1000})
         await wait_until(lambda: bool(results), 20, "the child-process job")
+        done = await queue.get_job(job.id)  # while the queue is open (a closed one raises QueueClosed)
     assert results[0]["sum"] == sum(i * i for i in range(1000))
     assert results[0]["pid"] != os.getpid()
-    done = await queue.get_job(job.id)
     assert done is not None and done.returnvalue == results[0]
 
 
@@ -309,11 +310,11 @@ async def test_a_crashing_child_fails_only_its_job(redis_url: str, queue_name: s
         await wait_until(lambda: len(finished) >= 1, 20, "the crashing job to fail")
         after = await queue.add("fine", {"crash": False})
         await wait_until(lambda: len(finished) >= 2, 20, "the job after the crash")
+        failed = await queue.get_job(crash.id)  # while the queue is open
+        ok = await queue.get_job(after.id)
     assert finished == [(crash.id, "failed"), (after.id, "completed")]
-    failed = await queue.get_job(crash.id)
     assert failed is not None and failed.failed_reason is not None
     assert "child process" in failed.failed_reason, failed.failed_reason
-    ok = await queue.get_job(after.id)
     assert ok is not None and ok.returnvalue["pid"] not in (os.getpid(), None)
 
 

@@ -216,6 +216,11 @@ class QueueBackend(abc.ABC):
     def description(self) -> str:
         """Where this backend connects, for messages (never with a password)."""
 
+    @property
+    def address(self) -> str:
+        """The datastore's address alone (a URL without its password), for "cannot reach ... at"."""
+        return self.description
+
     def is_transient(self, err: BaseException) -> bool:
         """Whether ``err`` is trouble that passes (connection lost, server busy): sent again."""
         return isinstance(err, self.transient_errors)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, TypedDict, Union
 
 from bullmq_compat._errors import InvalidJobId, InvalidJobOptions
 from bullmq_compat._wire import codec
@@ -346,3 +346,49 @@ def int_or_zero(value: Any) -> int:
 def attempts_of(opts: Mapping[str, Any]) -> int:
     """opts.attempts as an int; a foreign job's unreadable value counts as 0 (no retries)."""
     return int_or_zero(opts.get("attempts"))
+
+
+# -- the options' types, for type checkers ------------------------------------------------------------
+class JobOptions(TypedDict, total=False):
+    """The keyword options of `Queue.add` (and the ``opts`` of `add_bulk` and flow nodes), for type
+    checkers: ``await queue.add("send", data, **opts)`` with ``opts: JobOptions``. Each option by its
+    Python name and by Node's; ``None`` leaves an option out. Values are checked at run time too
+    (`InvalidJobOptions` names the value and the rule): docs/queue.md has the table."""
+
+    timestamp: Optional[float]  # creation time, epoch ms (default: now)
+    priority: Optional[int]  # 0 (none) ... 2_097_151; 1 is the highest
+    delay: Optional[float]  # ms >= 0 before the job can run
+    attempts: Optional[int]  # total tries (0 and 1: one try)
+    backoff: Optional[Union[float, Mapping[str, Any]]]  # ms (fixed), or {"type", "delay": ms, "jitter": 0..1}
+    lifo: Optional[bool]
+    remove_on_complete: Optional[Union[bool, int, Mapping[str, Any]]]  # True, a count, or {"age": s, "count", "limit"}
+    remove_on_fail: Optional[Union[bool, int, Mapping[str, Any]]]
+    keep_logs: Optional[int]
+    stack_trace_limit: Optional[int]
+    size_limit: Optional[int]  # max bytes of the JSON data
+    job_id: Optional[str]
+    parent: Optional[Mapping[str, str]]  # {"id": ..., "queue": "<prefix>:<queue>"}
+    prev_millis: Optional[float]
+    fail_parent_on_failure: Optional[bool]
+    continue_parent_on_failure: Optional[bool]
+    ignore_dependency_on_failure: Optional[bool]
+    remove_dependency_on_failure: Optional[bool]
+    deduplication: Optional[Mapping[str, Any]]  # {"id", "ttl": ms, "extend", "replace", "keep_last_if_active"}
+    telemetry: Optional[Mapping[str, Any]]  # {"metadata", "omit_context"}
+    repeat_job_key: Optional[str]
+    group: Optional[Union[str, Mapping[str, str]]]  # a group id, or {"id": ...} (docs/groups.md)
+    order_ms: Optional[float]  # order within a group (a producer timestamp in ms)
+    # the same options under Node's names
+    removeOnComplete: Optional[Union[bool, int, Mapping[str, Any]]]
+    removeOnFail: Optional[Union[bool, int, Mapping[str, Any]]]
+    keepLogs: Optional[int]
+    stackTraceLimit: Optional[int]
+    sizeLimit: Optional[int]
+    jobId: Optional[str]
+    prevMillis: Optional[float]
+    failParentOnFailure: Optional[bool]
+    continueParentOnFailure: Optional[bool]
+    ignoreDependencyOnFailure: Optional[bool]
+    removeDependencyOnFailure: Optional[bool]
+    repeatJobKey: Optional[str]
+    orderMs: Optional[float]

@@ -62,6 +62,7 @@ class PostgresBackend(JobSchedulerCalls, QueueBackend):
     """One queue on a `PostgresConnection`; `for_queue` siblings share the connection."""
 
     kind = "postgres"
+    label = "PostgreSQL"
     transient_errors: tuple[type[BaseException], ...] = (PostgresUnavailable,)
 
     def __init__(self, connection: PostgresConnection, name: str, *, owns_connection: bool = True) -> None:
@@ -77,6 +78,10 @@ class PostgresBackend(JobSchedulerCalls, QueueBackend):
     @property
     def description(self) -> str:
         return f"queue {self.name!r} on {self.connection.description}"
+
+    @property
+    def address(self) -> str:
+        return self.connection.where
 
     async def connect(self) -> None:
         await self.connection.connect()
