@@ -829,6 +829,14 @@ class JobScheduler(QueueBase):
     def __init__(self, name: str, connection: Connection = None, *, prefix: str = "bull",
                  repeat_strategy: Any = None, telemetry: Any = None, schema: Optional[str] = None,
                  migrate: bool = False, backend: Optional[QueueBackend] = None) -> None:
+        """The job schedulers of queue ``name``.
+
+        ``connection``, ``prefix``, ``schema``, ``migrate`` and ``backend`` as for `Queue`.
+        ``repeat_strategy``: a function ``(millis, repeat_opts, name) -> next run in ms`` that
+        replaces the built-in cron and ``every`` rules (Node's ``settings.repeatStrategy``;
+        `default_repeat_strategy` is the built-in one). ``telemetry``: a `Telemetry`, or None for
+        the process default.
+        """
         super().__init__(name, connection, prefix=prefix, schema=schema, migrate=migrate, backend=backend)
         if repeat_strategy is not None and not callable(repeat_strategy):
             raise InvalidArgument(f"repeat_strategy={repeat_strategy!r} must be a function "

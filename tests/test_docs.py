@@ -18,13 +18,6 @@ from typing import Any, Iterable, Iterator
 import bullmq_compat
 import bullmq_compat.sync
 
-# docstrings added on branch cuts
-PENDING_ELSEWHERE = {"Worker.__init__", "Queue.__init__"}
-
-# in bullmq_compat/_queue.py, whose __init__ docstrings are branch cuts' to write; this one is not
-# among theirs, so it stays listed until the integrator writes it
-LEFT_FOR_INTEGRATOR = {"JobScheduler.__init__"}
-
 
 def _ours(obj: Any) -> bool:
     return (getattr(obj, "__module__", None) or "").startswith("bullmq_compat")
@@ -80,14 +73,8 @@ def undocumented(items: Iterable[tuple[str, Any]] | None = None) -> list[str]:
 
 
 def test_every_public_class_function_and_method_has_a_docstring() -> None:
-    missing = [name for name in undocumented() if name not in PENDING_ELSEWHERE | LEFT_FOR_INTEGRATOR]
+    missing = undocumented()
     assert missing == [], f"public names without a docstring: {missing}"
-
-
-def test_the_lists_of_pending_docstrings_hold_only_missing_ones() -> None:
-    # once a listed docstring exists, its entry must go (so the lists cannot hide a new gap)
-    missing = set(undocumented())
-    assert (PENDING_ELSEWHERE | LEFT_FOR_INTEGRATOR) - missing == set()
 
 
 def test_the_walk_sees_methods_properties_and_inherited_ones() -> None:
