@@ -65,9 +65,8 @@ def test_sync_errors_are_the_async_errors(squeue):
 def test_sync_wait_until_finished_returns_the_return_value(redis_url, queue_name, squeue):
     import bullmq_compat
 
-    if not hasattr(bullmq_compat, "QueueEvents"):
-        pytest.skip("QueueEvents lands with the events work")
     events = sync.QueueEvents(queue_name, connection=redis_url)
+    waited = threading.Event()  # the worker runs until the sync wait has returned (or 60 s)
     try:
         job = squeue.add("double", {"i": 21})
 
@@ -77,14 +76,17 @@ def test_sync_wait_until_finished_returns_the_return_value(redis_url, queue_name
         async def run_worker() -> None:
             worker = bullmq_compat.Worker(queue_name, process, redis_url, group_keeper=False)
             task = asyncio.ensure_future(worker.run(handle_signals=False))
-            await asyncio.sleep(1.0)
+            await asyncio.to_thread(waited.wait, 60)
             await worker.close()
             await task
 
         thread = threading.Thread(target=lambda: asyncio.run(run_worker()))
         thread.start()
-        assert job.wait_until_finished(events, 10000) == {"double": 42}
-        thread.join()
+        try:
+            assert job.wait_until_finished(events, 60_000) == {"double": 42}
+        finally:
+            waited.set()
+            thread.join(60)
     finally:
         events.close()
 
