@@ -39,6 +39,7 @@ from tests.group_helpers import (
     wait_records,
     wait_until,
 )
+from tests.helpers import KnownGap, known_gap
 from tests.node import NodeError, NodeProcess, node
 
 pytestmark = pytest.mark.node
@@ -553,7 +554,7 @@ async def test_node_group_producer_under_an_ordering_delay_and_with_deduplicatio
 
 # -- what the gate cannot see: upstream's retry of a finished group job --------------------------------
 
-@pytest.mark.xfail(strict=True, reason="design gap: Node's job.retry()/queue.retryJobs() (Bull-Board's "
+@pytest.mark.xfail(strict=True, raises=KnownGap, reason="design gap: Node's job.retry()/queue.retryJobs() (Bull-Board's "
                    "'Retry') moves a failed group job straight to 'wait', bypassing the group's gate")
 async def test_retrying_a_failed_group_job_from_node_keeps_one_job_per_group(
         redis_url: str, queue_name: str) -> None:
@@ -569,11 +570,11 @@ async def test_retrying_a_failed_group_job_from_node_keeps_one_job_per_group(
         assert await queue.get_job_state(jobs[1].id) == "waiting"
         await node("queueCall", redis=redis_url, queue=queue_name, method="retryJobs", args=[{"state": "failed"}])
         states = [await queue.get_job_state(j.id) for j in jobs]
-        assert states.count("waiting") <= 1, f"two jobs of group G are waiting at once: {states}"
+        known_gap(states.count("waiting") <= 1, f"two jobs of group G are waiting at once: {states}")
 
 
-@pytest.mark.xfail(strict=True, reason="design gap: nothing stops a producer (Node's queue.add with opts.parent) "
-                   "from making a held group job a flow parent; when its child completes, upstream moves it "
+@pytest.mark.xfail(strict=True, raises=KnownGap, reason="design gap: nothing stops a producer (Node's queue.add with "
+                   "opts.parent) from making a held group job a flow parent; when its child completes, upstream moves it "
                    "out of waiting-children to 'wait', bypassing the group's gate")
 async def test_a_child_added_under_a_held_group_job_keeps_one_job_per_group(
         redis_url: str, queue_name: str) -> None:
@@ -591,4 +592,4 @@ async def test_a_child_added_under_a_held_group_job_keeps_one_job_per_group(
         finally:
             await worker.close()
         states = [await queue.get_job_state(j.id) for j in jobs]
-        assert sum(state in ("waiting", "active") for state in states) <= 1, f"group G: {states}"
+        known_gap(sum(state in ("waiting", "active") for state in states) <= 1, f"group G: {states}")
