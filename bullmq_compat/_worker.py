@@ -33,6 +33,7 @@ from bullmq_compat._errors import (
     DelayedError,
     InvalidArgument,
     InvalidJobData,
+    QueueClosed,
     RateLimitError,
     RedisUnavailable,
     ScriptError,
@@ -414,6 +415,9 @@ class Worker(LockKeepingMixin, QueueBase):
             try:
                 await self._ensure_channel()
                 break
+            except QueueClosed:  # close() came while we were still connecting: a clean stop, as Node's
+                await self._closed.wait()
+                return
             except (RedisUnavailable, *self.backend.transient_errors) as err:  # type: ignore[misc]
                 if self.closing:
                     await self._closed.wait()  # close() (a signal's) finishes before we return

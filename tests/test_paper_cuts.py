@@ -227,6 +227,18 @@ async def test_a_worker_that_ran_or_has_no_processor_does_not_warn(redis_url, qu
     assert _never_run_records(caplog, queue_name) == [], caplog.text
 
 
+async def test_a_worker_closed_while_it_is_still_connecting_stops_cleanly(connect, queue_name):
+    """close() right after run() started, before its connection is open: run() returns, as Node's
+    worker does when closed during start-up, instead of raising QueueClosed from its first call."""
+    for pause in (0, 0, 0.001, 0.01):  # close at different points of the start-up
+        worker = Worker(queue_name, _process, **connect)
+        task = asyncio.ensure_future(worker.run(handle_signals=False))
+        await asyncio.sleep(pause)
+        await worker.close()
+        await asyncio.wait_for(task, 30)
+        assert not worker.is_running()
+
+
 # -- 4. "cannot reach" when the worker never had a connection, "lost" only after one -------------
 
 def _warnings(caplog, *words):
