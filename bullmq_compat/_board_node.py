@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable, Optional
 
-from bullmq_compat import __version__
 from bullmq_compat._errors import BullMQCompatError
+from bullmq_compat._version import __version__
 
 PACKAGED = Path(__file__).resolve().parent / "_board"
 FILES = ("board.js", "package.json", "package-lock.json")
@@ -42,12 +42,10 @@ class BoardSetupError(BullMQCompatError):
 
 @dataclass
 class BoardProject:
-    """The board.js to run, the Node modules it uses, and the environment it needs for them."""
+    """The board.js to run, and the environment it needs to find its Node modules."""
 
     script: Path
-    modules: Path
     env: dict[str, str] = field(default_factory=dict)
-    where: str = ""  # for messages: "the cache DIR", "interop/node_modules"
 
 
 def cache_dir() -> Path:
@@ -82,7 +80,7 @@ def resolve() -> BoardProject:
     """The board to run, or a BoardSetupError saying what to run to get one."""
     modules = clone_modules()
     if modules is not None:
-        return BoardProject(PACKAGED / "board.js", modules, {"NODE_PATH": str(modules)}, str(modules))
+        return BoardProject(PACKAGED / "board.js", {"NODE_PATH": str(modules)})
     target = cache_dir()
     if not (target / "node_modules" / ".package-lock.json").is_file():
         in_clone = not os.environ.get(DIR_VARIABLE) and (REPO_ROOT / "interop" / "package.json").is_file()
@@ -90,7 +88,7 @@ def resolve() -> BoardProject:
                               + (" or, in this clone, 'make setup'" if in_clone else ""))
     if not all(_same(target / name, PACKAGED / name) for name in FILES):
         raise BoardSetupError(f"Bull-Board in {target} was installed by another bullmq-compat: {INSTALL_HINT}")
-    return BoardProject(target / "board.js", target / "node_modules", {}, str(target))
+    return BoardProject(target / "board.js")
 
 
 def node_binary() -> str:

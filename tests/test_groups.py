@@ -28,6 +28,7 @@ from tests.group_helpers import (
     add_in_batches,
     check_groups,
     counts_by_group,
+    finish_as_node,
     group_jobs,
     held_ids,
     keeper_proc,
@@ -67,14 +68,6 @@ async def group_keys_left(redis: aioredis.Redis, queue_name: str) -> set[str]:
     """The queue's group keys, named after "grp:": once every job is done only the bookkeeping
     ones (add sequence, sweep lease, settings) may be left, no per-job or per-group state."""
     return {key.split(":grp:", 1)[1] for key in await redis.keys(f"bull:{queue_name}:grp:*")}
-
-
-async def finish_as_node(queue: Queue, worker: Worker, job: Any, token: str, target: str = "completed",
-                         value: str = "null") -> None:
-    """Finish ``job`` as a Node worker does: upstream's moveToFinished alone, so nothing is released."""
-    script, keys, args = worker.backend.worker_calls(worker._settings).move_to_finished(
-        job.id, job.opts, target, value, token, now_ms(), False)
-    await queue.backend.runner.call(script, keys, args)
 
 
 async def leave_a_stale_slot(queue: Queue, worker: Worker, gid: str) -> Any:

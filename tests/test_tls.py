@@ -26,9 +26,9 @@ from bullmq_compat._backends.redis.channel import FastChannel, RedisPyChannel
 from bullmq_compat._backends.redis.fastconn import FastConnection
 from bullmq_compat._groups import GroupKeeper
 from tests._tls import TLSRedisServer
+from tests.group_helpers import finish_as_node
 from tests.helpers import running, wait_until
 from tests.node import NodeProcess, node
-from tests.test_groups import finish_as_node
 
 
 @pytest.fixture(scope="module")

@@ -256,7 +256,8 @@ def fetch(tarball: Path | None = None, target: Path | None = None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``bullmq-compat fetch-upstream [--tarball FILE] [--into DIR]``; ``scripts/fetch_upstream.py``."""
-    parser = argparse.ArgumentParser(prog="bullmq-compat fetch-upstream", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="bullmq-compat fetch-upstream", description=(
+        f"Fetch the pinned upstream {upstream.UPSTREAM_PACKAGE} {upstream.UPSTREAM_VERSION} Lua scripts, SQL and licence."))
     add_arguments(parser)
     args = parser.parse_args(argv)
     return run(args.tarball, args.into)

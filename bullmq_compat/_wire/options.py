@@ -350,8 +350,9 @@ def attempts_of(opts: Mapping[str, Any]) -> int:
 
 # -- the options' types, for type checkers ------------------------------------------------------------
 class JobOptions(TypedDict, total=False):
-    """The keyword options of `Queue.add` (and the ``opts`` of `add_bulk` and flow nodes), for type
-    checkers: ``await queue.add("send", data, **opts)`` with ``opts: JobOptions``. Each option by its
+    """The keyword options of `Queue.add`, for type checkers: ``await queue.add("send", data, **opts)``
+    with ``opts: JobOptions`` (the ``opts`` dicts of `add_bulk` and of flow nodes take the same keys,
+    checked at run time only). Each option by its
     Python name and by Node's; ``None`` leaves an option out. Values are checked at run time too
     (`InvalidJobOptions` names the value and the rule): docs/queue.md has the table."""
 
