@@ -4,7 +4,7 @@
 >>> queue = Queue("emails", connection="redis://127.0.0.1:6379/0")
 >>> job = await queue.add("send", {"to": "a@b"}, attempts=3)
 """
-from bullmq_compat._backends.postgres.migrator import migrate_postgres
+from bullmq_compat._backends.postgres.migrator import drop_postgres_groups, migrate_postgres
 from bullmq_compat._batch import BatchedJob, BatchJob
 from bullmq_compat._busy_poll import busy_poll_budget, set_busy_poll
 from bullmq_compat._cancellation import AbortController, AbortError, AbortSignal, WaitingError
@@ -12,6 +12,7 @@ from bullmq_compat._errors import (
     BullMQCompatError,
     DelayedError,
     ErrorCode,
+    GroupsNotInstalled,
     InvalidArgument,
     InvalidJobData,
     InvalidJobId,
@@ -81,6 +82,7 @@ __all__ = [
     "FlowProducer",
     "GroupJobRefused",
     "GroupKeeper",
+    "GroupsNotInstalled",
     "InvalidArgument",
     "InvalidJobData",
     "InvalidJobId",
@@ -131,6 +133,7 @@ __all__ = [
     "__version__",
     "busy_poll_budget",
     "default_repeat_strategy",
+    "drop_postgres_groups",
     "migrate_postgres",
     "serve_worker_metrics",
     "set_busy_poll",

@@ -365,8 +365,18 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
 
     if not args.postgres:
         raise CliError("migrate needs --postgres URL (and --schema, default bullmq)")
-    version = await migrate_postgres(args.postgres, schema=args.schema)
-    print(f"schema {args.schema} at {_where(args)} is at version {version}")
+    if args.groups and args.drop_groups:
+        raise CliError("--groups installs the group objects and --drop-groups removes them: give one")
+    if args.drop_groups:
+        from bullmq_compat._backends.postgres.migrator import drop_postgres_groups
+
+        released = await drop_postgres_groups(args.postgres, schema=args.schema)
+        print(f"schema {args.schema} at {_where(args)}: bullmq-compat's group objects removed "
+              f"({released} held group jobs released to wait)")
+        return 0
+    version = await migrate_postgres(args.postgres, schema=args.schema, groups=args.groups)
+    extra = " with bullmq-compat's group objects" if args.groups else ""
+    print(f"schema {args.schema} at {_where(args)} is at version {version}{extra}")
     return 0
 
 
@@ -492,6 +502,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_board)
 
     p = sub.add_parser("migrate", parents=[common], help="create or upgrade a PostgreSQL schema (Node's migrations)")
+    p.add_argument("--groups", action="store_true",
+                   help="also install bullmq-compat's per-group gate (our own objects, beside Node's)")
+    p.add_argument("--drop-groups", action="store_true",
+                   help="remove bullmq-compat's group objects (held group jobs are released to wait)")
     p.set_defaults(run=cmd_migrate)
 
     p = sub.add_parser("bench", help="the side-by-side benchmark (scripts/bench.py)")

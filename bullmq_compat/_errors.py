@@ -226,11 +226,25 @@ class SchemaMigrationRequired(BullMQCompatError):
     """The schema has no migration ledger: run `migrate_postgres`, or connect with ``migrate=True``
     (Node's SchemaMigrationRequiredError)."""
 
-    def __init__(self, schema: str) -> None:
-        """``schema`` is the PostgreSQL schema that has no migration ledger."""
-        super().__init__(
+    def __init__(self, schema: str, message: Optional[str] = None) -> None:
+        """``schema`` is the PostgreSQL schema that has no migration ledger; ``message`` replaces the
+        default text."""
+        super().__init__(message or (
             f"PostgreSQL schema {schema!r} is not initialized (it has no migration ledger): run "
-            f"bullmq_compat.migrate_postgres(url, schema={schema!r}) once, or connect with migrate=True")
+            f"bullmq_compat.migrate_postgres(url, schema={schema!r}) once, or connect with migrate=True"))
+        self.schema = schema
+
+
+class GroupsNotInstalled(BullMQCompatError):
+    """A group job or group call on a PostgreSQL schema without bullmq-compat's group objects
+    (install them with ``migrate_postgres(url, schema=..., groups=True)``)."""
+
+    def __init__(self, schema: str) -> None:
+        """``schema`` is the PostgreSQL schema that lacks the group objects."""
+        super().__init__(
+            f"groups on PostgreSQL need bullmq-compat's group objects in schema {schema!r}, which has none: run "
+            f"bullmq_compat.migrate_postgres(url, schema={schema!r}, groups=True) once, or "
+            f"`bullmq-compat migrate --postgres URL --schema {schema} --groups`")
         self.schema = schema
 
 

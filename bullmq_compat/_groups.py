@@ -10,16 +10,17 @@ events stream and sweeps the group index. Release is idempotent, and safety neve
 keeper: without one, held jobs only wait longer.
 
 This module is the feature's API and its option rules; the gate itself is the Redis backend's
-(``_backends/redis/groups.py``). Groups are Redis-only for now: on PostgreSQL they are refused.
+(``_backends/redis/groups.py``; on PostgreSQL ``_backends/postgres/groups.py``, where our triggers
+release the next job inside the transaction that finishes one: no keeper).
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-from bullmq_compat._errors import InvalidArgument, InvalidJobOptions, NotSupportedOnBackend
+from bullmq_compat._errors import InvalidArgument, InvalidJobOptions
 
 if TYPE_CHECKING:
-    from bullmq_compat._backends.base import QueueBackend
+    from bullmq_compat._backends.base import GroupGate, QueueBackend
 
 FLOW_PARENT_REFUSED = -100
 KEEP_LAST_BEHIND_PLAIN_REFUSED = -101
@@ -78,12 +79,16 @@ def check_group_combination(opts: Mapping[str, Any]) -> None:
             raise GroupJobRefused(f"option {option!r} cannot be used with group={opts['group']!r}: {reason}")
 
 
-def group_support(backend: "QueueBackend") -> Any:
+def group_support(backend: "QueueBackend") -> "GroupGate":
     """The backend's group gate, or `NotSupportedOnBackend` where it has none."""
-    groups = getattr(backend, "groups", None)
-    if groups is None:
-        raise NotSupportedOnBackend("groups (group=, the group API)", backend.kind)
-    return groups()
+    return backend.groups()
+
+
+def check_concurrency(concurrency: Any) -> int:
+    """A group concurrency: an int >= 1."""
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise InvalidArgument(f"concurrency={concurrency!r} must be an int >= 1")
+    return concurrency
 
 
 class GroupsMixin:
@@ -94,9 +99,10 @@ class GroupsMixin:
         async def wait_until_ready(self) -> None: ...  # provided by QueueBase
         async def get_job(self, job_id: str) -> Any: ...
 
-    async def _groups(self) -> Any:
-        groups = group_support(self.backend)
+    async def _groups(self) -> "GroupGate":
+        groups = self.backend.groups()
         await self.wait_until_ready()
+        await groups.ready()
         return groups
 
     @staticmethod
@@ -105,17 +111,13 @@ class GroupsMixin:
 
     async def set_group_concurrency(self, group_id: str, concurrency: int) -> None:
         """Let up to ``concurrency`` jobs of ``group_id`` run at once (default 1)."""
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise InvalidArgument(f"concurrency={concurrency!r} must be an int >= 1")
-        await (await self._groups()).op("concurrency", self._gid(group_id), concurrency)
+        check_concurrency(concurrency)
+        await (await self._groups()).set_concurrency(self._gid(group_id), concurrency)
 
     async def set_default_group_concurrency(self, concurrency: int) -> None:
         """The concurrency of every group of this queue without its own setting."""
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise InvalidArgument(f"concurrency={concurrency!r} must be an int >= 1")
-        groups = await self._groups()
-        await groups.op("concurrency", "*", concurrency)
-        await groups.sweep()
+        check_concurrency(concurrency)
+        await (await self._groups()).set_concurrency(None, concurrency)
 
     async def get_group_concurrency(self, group_id: str) -> int:
         """How many jobs of ``group_id`` may run at once (its own setting, else the default, else 1)."""
@@ -127,7 +129,7 @@ class GroupsMixin:
         Groups with their own setting (`set_group_options`) keep it. Applies to jobs released from
         now on."""
         delay = check_ordering_delay(ms)
-        await (await self._groups()).op("odelay", "*", delay)
+        await (await self._groups()).set_ordering_delay(None, delay)
 
     async def set_group_options(self, group_id: str, *, ordering_delay_ms: Optional[int] = _UNSET,
                                 concurrency: int = _UNSET) -> None:
@@ -137,28 +139,27 @@ class GroupsMixin:
         gid = self._gid(group_id)
         delay = None if ordering_delay_ms is None or ordering_delay_ms is _UNSET else check_ordering_delay(
             ordering_delay_ms)
-        if concurrency is not _UNSET and (isinstance(concurrency, bool) or not isinstance(concurrency, int)
-                                          or concurrency < 1):
-            raise InvalidArgument(f"concurrency={concurrency!r} must be an int >= 1")
+        if concurrency is not _UNSET:
+            check_concurrency(concurrency)
         groups = await self._groups()
         if ordering_delay_ms is not _UNSET:
-            await groups.op("odelay", gid, "" if delay is None else delay)
+            await groups.set_ordering_delay(gid, delay)
         if concurrency is not _UNSET:
-            await groups.op("concurrency", gid, concurrency)
+            await groups.set_concurrency(gid, concurrency)
 
     async def get_group_ordering_delay(self, group_id: Optional[str] = None) -> int:
         """The ordering delay (ms) of ``group_id`` (its own, else the queue's, else 0), or of the
         queue when no group is given."""
-        gid = "*" if group_id is None else self._gid(group_id)
+        gid = None if group_id is None else self._gid(group_id)
         return int(await (await self._groups()).get_ordering_delay(gid))
 
     async def pause_group(self, group_id: str) -> None:
         """Hold every not-yet-started job of the group; running ones finish."""
-        await (await self._groups()).op("pause", self._gid(group_id))
+        await (await self._groups()).set_paused(self._gid(group_id), True)
 
     async def resume_group(self, group_id: str) -> None:
         """Release the group's jobs again after `pause_group`."""
-        await (await self._groups()).op("resume", self._gid(group_id))
+        await (await self._groups()).set_paused(self._gid(group_id), False)
 
     async def is_group_paused(self, group_id: str) -> bool:
         """Whether `pause_group` holds ``group_id``."""
@@ -189,10 +190,11 @@ class GroupsMixin:
 
     async def delete_group_jobs(self, group_id: str) -> int:
         """Remove the group's jobs that wait for their turn (running ones are left); returns how many."""
-        return int(await (await self._groups()).op("delete", self._gid(group_id)))
+        return int(await (await self._groups()).delete_held(self._gid(group_id)))
 
     async def sweep_groups(self) -> int:
-        """Release groups whose running job has finished (what the keeper does periodically)."""
+        """Release groups whose running job has finished (on Redis, what the keeper does
+        periodically; on PostgreSQL the database releases them as they finish: a repair only)."""
         return int(await (await self._groups()).sweep())
 
 

@@ -9,6 +9,7 @@ from bullmq_compat._cancellation import AbortError, WaitingError
 from bullmq_compat._errors import (
     BullMQCompatError,
     DelayedError,
+    GroupsNotInstalled,
     InvalidArgument,
     InvalidJobData,
     InvalidJobId,
@@ -52,6 +53,7 @@ __all__ = [
     "ChildCrashed",
     "DelayedError",
     "GroupJobRefused",
+    "GroupsNotInstalled",
     "InvalidArgument",
     "InvalidJobData",
     "InvalidJobId",

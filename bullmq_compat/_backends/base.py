@@ -197,6 +197,56 @@ class QueueFigures:
     workers: int
 
 
+class GroupGate(abc.ABC):
+    """One queue's per-group gate (docs/groups.md), as `Queue`'s group methods use it. ``gid`` None
+    names the queue's default where a setting has one. Backends without groups have none
+    (`QueueBackend.groups` raises `NotSupportedOnBackend`)."""
+
+    async def ready(self) -> None:
+        """Check the gate can be used (on PostgreSQL: our objects are installed); raise if not."""
+
+    @abc.abstractmethod
+    async def set_concurrency(self, gid: Optional[str], concurrency: int) -> None:
+        """Let up to ``concurrency`` jobs of the group (None: of every group without its own) run at once."""
+
+    @abc.abstractmethod
+    async def set_ordering_delay(self, gid: Optional[str], ms: Optional[int]) -> None:
+        """The ordering delay of the group (None: the queue's); ``ms`` None removes the group's own."""
+
+    @abc.abstractmethod
+    async def set_paused(self, gid: str, paused: bool) -> None:
+        """Pause (hold every not-yet-released job of) or resume a group."""
+
+    @abc.abstractmethod
+    async def get_concurrency(self, gid: str) -> int: ...
+
+    @abc.abstractmethod
+    async def get_ordering_delay(self, gid: Optional[str]) -> int: ...
+
+    @abc.abstractmethod
+    async def is_paused(self, gid: str) -> bool: ...
+
+    @abc.abstractmethod
+    async def held_count(self, gid: str) -> int:
+        """How many of the group's jobs wait for their turn."""
+
+    @abc.abstractmethod
+    async def held_ids(self, gid: str, start: int, end: int) -> list[str]:
+        """The ids of the group's held jobs, in the order they will run (``end`` -1: to the last)."""
+
+    @abc.abstractmethod
+    async def list(self) -> list[dict[str, Any]]:
+        """Every group with jobs (or paused): ``{"id", "waiting", "running", "paused", "concurrency"}``, by id."""
+
+    @abc.abstractmethod
+    async def delete_held(self, gid: str) -> int:
+        """Remove the group's held jobs (released ones are left); returns how many."""
+
+    @abc.abstractmethod
+    async def sweep(self) -> int:
+        """Release every group whose current job has finished; returns how many jobs were released."""
+
+
 class QueueBackend(abc.ABC):
     """One queue on one datastore. Built by `open_backend`; shared by a Queue's jobs."""
 
@@ -470,6 +520,13 @@ class QueueBackend(abc.ABC):
 
     @abc.abstractmethod
     async def is_job_scheduler(self, scheduler_id: str) -> bool: ...
+
+    # -- per-group FIFO ------------------------------------------------------------------------
+    def groups(self) -> GroupGate:
+        """This queue's group gate; `NotSupportedOnBackend` where the backend has none."""
+        from bullmq_compat._errors import NotSupportedOnBackend
+
+        raise NotSupportedOnBackend("groups (group=, the group API)", self.kind)
 
     # -- workers and events ------------------------------------------------------------------
     @abc.abstractmethod

@@ -13,6 +13,10 @@ from bullmq_compat._backends.base import NewJob
 from bullmq_compat._backends.postgres import rows
 from bullmq_compat._errors import InvalidArgument, script_error
 
+#: options that are not stored as they are: the scheduler id travels as schedulerId, an order_ms
+#: inside the group option
+_NOT_STORED = frozenset({"repeatJobKey", "order_ms", "orderMs"})
+
 
 def batch_entry(job: NewJob, queue: str, link: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
     """One job as Node's ``toBatchEntry`` builds it; `InvalidArgument` for what PostgreSQL cannot store.
@@ -20,7 +24,12 @@ def batch_entry(job: NewJob, queue: str, link: Optional[Mapping[str, Any]] = Non
     ``link`` is Node's parentKeyOpts (``parentKey``, ``addToWaitingChildren``) for a flow node.
     """
     name = rows.text_param(job.name, what="job name")
-    opts = {key: value for key, value in job.opts.items() if key != "repeatJobKey"}
+    opts = {key: value for key, value in job.opts.items() if key not in _NOT_STORED}
+    if opts.get("group") is not None:
+        # BullMQ Pro's {"id": ...}; a producer's order_ms travels beside it, where our gate reads it
+        order_ms = job.opts.get("order_ms", job.opts.get("orderMs"))
+        if order_ms is not None:
+            opts["group"] = {**opts["group"], "orderMs": int(order_ms)}
     # opts are stored as JSON: refuse here what jsonb cannot hold (the whole call, not a half)
     rows.json_param(opts, what="options")
     parent = job.opts.get("parent")

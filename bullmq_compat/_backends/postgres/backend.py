@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 from bullmq_compat._backends.base import (
     EventsReader,
@@ -31,8 +31,12 @@ from bullmq_compat._backends.postgres import adding, migrator, rows, sql
 from bullmq_compat._backends.postgres.connection import PostgresConnection
 from bullmq_compat._backends.postgres.driver import load_psycopg
 from bullmq_compat._backends.postgres.schedulers import JobSchedulerCalls
+
+if TYPE_CHECKING:
+    from bullmq_compat._backends.postgres.groups import PostgresGroups
 from bullmq_compat._errors import (
     BullMQCompatError,
+    GroupsNotInstalled,
     InvalidArgument,
     NotSupportedOnBackend,
     PostgresUnavailable,
@@ -115,11 +119,33 @@ class PostgresBackend(JobSchedulerCalls, QueueBackend):
                                  parent_key=entry["parentKey"])
         return str(result.rows[0]["id"])
 
+    # -- per-group FIFO (our gate: _backends/postgres/groups.py) ---------------------------------
+    def groups(self) -> "PostgresGroups":
+        from bullmq_compat._backends.postgres.groups import PostgresGroups
+
+        return PostgresGroups(self)
+
+    async def ensure_groups(self) -> None:
+        """Check once per connection that our group objects are installed (`GroupsNotInstalled` if not)."""
+        conn = self.connection
+        if getattr(conn, "groups_version", 0):
+            return
+        from bullmq_compat._backends.postgres.groups import groups_version
+
+        await conn.connect()
+        async with conn._pooled() as session:
+            version = await groups_version(session, conn.schema)
+        if not version:
+            raise GroupsNotInstalled(conn.schema)
+        conn.groups_version = version
+
     async def add_jobs(self, jobs: Sequence[NewJob]) -> list[Any]:
         """One job: ``add_job`` (Node's addJob). Several: one statement for the whole batch, as
         Node's addJobs -- ``add_jobs_bulk`` when no job has a parent or deduplication, else
         ``add_flow``. A job refused at the edge (e.g. data holding U+0000) gets its exception
         and is not sent; a statement that fails adds nothing, so each of its jobs gets the error."""
+        if any(job.opts.get("group") is not None for job in jobs):
+            await self.ensure_groups()  # without our triggers a group job would go straight to wait
         results: list[Any] = [None] * len(jobs)
         entries: list[tuple[int, dict[str, Any]]] = []
         for index, job in enumerate(jobs):
@@ -450,8 +476,7 @@ class PostgresBackend(JobSchedulerCalls, QueueBackend):
 
     async def reprocess_job(self, job_id: str, state: str, lifo: bool, reset_attempts_made: bool,
                             reset_attempts_started: bool, group_id: Optional[str] = None) -> None:
-        if group_id is not None:
-            raise NotSupportedOnBackend("per-group FIFO (group_id)", self.kind)
+        # (a group job goes back behind its group's gate: our trigger holds it when the group is busy)
         job_id = self._id(job_id)
         code = int((await self._run("reprocess_job", [self.name, job_id, state, bool(lifo),
                                                       bool(reset_attempts_made), bool(reset_attempts_started)]
@@ -499,7 +524,19 @@ class PostgresBackend(JobSchedulerCalls, QueueBackend):
             if cursor == -2:
                 raise InvalidArgument(f"Cannot obliterate queue {self.name!r} with active jobs; pass force=True")
             if cursor == 0:
+                await self._forget_group_settings()
                 return
+
+    async def _forget_group_settings(self) -> None:
+        """After an obliterate: our group settings of the queue go too (upstream's obliterate knows
+        only its own tables)."""
+        if not getattr(self.connection, "groups_version", 0):
+            try:
+                await self.ensure_groups()
+            except GroupsNotInstalled:
+                return
+        await self.connection.execute("DELETE FROM bullmq_compat_group WHERE queue = $1", [self.name])
+        await self.connection.execute("DELETE FROM bullmq_compat_group_queue WHERE queue = $1", [self.name])
 
     async def retry_jobs(self, state: str, count: int, timestamp: int) -> None:
         """Move finished jobs (finished by ``timestamp``) back to waiting, ``count`` per call until none."""

@@ -143,6 +143,8 @@ class PostgresConnection:
         self._closed = False
         self._listeners: list[tuple["psycopg.AsyncConnection[Any]", bool]] = []
         self.schema_version = 0
+        #: our group objects' version in the schema, once checked (0: not yet known)
+        self.groups_version = 0
         if isinstance(connection, str):
             self._params, self._secrets = _connect_kwargs(connection, schema)
             self.where = mask_password(connection)

@@ -117,21 +117,44 @@ def _newer_client_needed(schema: str, minimum: int) -> SchemaVersionMismatch:
 Connectable = Union[str, "psycopg_pool.AsyncConnectionPool[Any]", "psycopg.AsyncConnection[Any]"]
 
 
-async def migrate_postgres(url_or_pool: Connectable, schema: str = DEFAULT_SCHEMA) -> int:
+async def migrate_postgres(url_or_pool: Connectable, schema: str = DEFAULT_SCHEMA, *, groups: bool = False) -> int:
     """Apply the bundled migrations to ``schema`` (created if missing); returns its version (11).
+
+    With ``groups=True``, then install (or bring up to date) bullmq-compat's per-group gate in the
+    schema: our own tables, indexes, functions and triggers, with a ledger of our own
+    (``bullmq_compat_migration``) beside Node's, which is not touched (docs/postgres.md, "Groups").
+    Group jobs on a PostgreSQL queue need it; Node queues without groups behave as before.
 
     Takes a ``postgresql://`` URL, a ``psycopg_pool.AsyncConnectionPool`` or an idle
     ``psycopg.AsyncConnection``; a pool or connection passed in stays open. Safe to run from many
     processes at once (they queue on an advisory lock) and a no-op when the schema is current.
 
-    >>> await migrate_postgres("postgresql://postgres@127.0.0.1/test", schema="jobs")
+    >>> await migrate_postgres("postgresql://postgres@127.0.0.1/test", schema="jobs", groups=True)
     11
     """
     quote_schema_name(schema)
     from bullmq_compat._backends.postgres.connection import session
 
     async with session(url_or_pool) as conn:
-        return await run_migrations(conn, schema)
+        version = await run_migrations(conn, schema)
+        if groups:
+            from bullmq_compat._backends.postgres.groups import install_groups
+
+            await install_groups(conn, schema)
+        return version
+
+
+async def drop_postgres_groups(url_or_pool: Connectable, schema: str = DEFAULT_SCHEMA) -> int:
+    """Remove bullmq-compat's group objects from ``schema`` (what ``migrate_postgres(groups=True)``
+    installed), leaving upstream's objects as Node's migrations made them. Jobs held for their
+    group's turn are released to wait first (their group order no longer holds); returns how many.
+    A schema without our objects is left as it is (0)."""
+    quote_schema_name(schema)
+    from bullmq_compat._backends.postgres.connection import session
+    from bullmq_compat._backends.postgres.groups import drop_groups
+
+    async with session(url_or_pool) as conn:
+        return await drop_groups(conn, schema)
 
 
 async def run_migrations(conn: "psycopg.AsyncConnection[Any]", schema: str = DEFAULT_SCHEMA) -> int:

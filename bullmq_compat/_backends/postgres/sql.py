@@ -30,8 +30,17 @@ def command_texts() -> dict[str, str]:
     return {path.stem: path.read_bytes().decode("utf-8") for path in sorted(directory.glob("*.sql"))}
 
 
+#: commands of ours (calls of our own functions, groups_sql/), run the way upstream's are
+OWN_COMMANDS = {
+    "bullmq_compat_take_group_jobs": "SELECT * FROM bullmq_compat_take_group_jobs($1, $2, $3, $4, $5, $6);",
+}
+
+
 def command(name: str) -> str:
     """The text of one command, e.g. ``command("add_job")``."""
+    own = OWN_COMMANDS.get(name)
+    if own is not None:
+        return own
     try:
         return command_texts()[name]
     except KeyError:

@@ -38,7 +38,6 @@ from bullmq_compat._backends.postgres.lanes import Lanes, TextRow
 from bullmq_compat._errors import (
     InvalidArgument,
     InvalidJobData,
-    NotSupportedOnBackend,
     PostgresUnavailable,
     script_error,
 )
@@ -308,9 +307,9 @@ class PostgresWorkerChannel(WorkerChannel):
     def _finish_call(self, job_id: str, job_opts: Mapping[str, Any], target: str, value: str, token: str,
                      now: int, fetch_next: bool, fields_to_update: Optional[Mapping[str, str]],
                      group_id: Optional[str]) -> tuple[str, list[Any]]:
-        """upstream's finishing command and its parameters (Node's moveToCompleted / moveToFailed)."""
-        if group_id is not None:
-            raise NotSupportedOnBackend("per-group FIFO (group_id)", "postgres")
+        """upstream's finishing command and its parameters (Node's moveToCompleted / moveToFailed).
+        A group job finishes the same way: our trigger releases its group's next job in that
+        transaction (``group_id`` is not needed)."""
         completed = target == "completed"
         own = job_opts.get("remove_on_complete" if completed else "remove_on_fail")
         if own is None:
@@ -361,6 +360,16 @@ class PostgresWorkerChannel(WorkerChannel):
             if not found:
                 break
         return replies
+
+    async def take_group_jobs(self, group_id: str, tokens: Sequence[str], now: int) -> list[NextJob]:
+        """Group affinity: our bullmq_compat_take_group_jobs, the group's next held jobs straight into active."""
+        if not tokens:
+            return []
+        await self.backend.ensure_groups()
+        found = await self._run("bullmq_compat_take_group_jobs",
+                                [self.queue, rows.text_param(group_id, what="group id"), [str(t) for t in tokens],
+                                 int(self.settings.lock_duration), int(now), self.settings.name], op="takeGroupJobs")
+        return [(job_fields(row), str(row["id"]), 0, 0) for row in found]
 
     async def finish_many(self, jobs: Sequence[FinishJob], now: int) -> list[Optional[BaseException]]:
         """A batch's finishes in one transaction (one commit); one by one when any is refused."""

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import redis.exceptions as redis_exc
 
+from bullmq_compat._backends.base import GroupGate
 from bullmq_compat._backends.redis.keys import QueueKeys
 from bullmq_compat._backends.redis.lua import Script, own_script
 from bullmq_compat._wire import codec
@@ -318,7 +319,7 @@ class GroupKeeper:
                 logger.exception("group keeper for %s stopped", self._queue.name)
 
 
-class RedisGroups:
+class RedisGroups(GroupGate):
     """The Redis side of the group API of `Queue` (see bullmq_compat/_groups.py)."""
 
     def __init__(self, backend: "RedisBackend") -> None:
@@ -328,14 +329,28 @@ class RedisGroups:
         script, keys, args = update_call(self.backend.keys, op, arg, arg2)
         return await self.backend.runner.call(script, keys, args)
 
+    async def set_concurrency(self, gid: Optional[str], concurrency: int) -> None:
+        await self.op("concurrency", "*" if gid is None else gid, concurrency)
+        if gid is None:
+            await self.sweep()
+
+    async def set_ordering_delay(self, gid: Optional[str], ms: Optional[int]) -> None:
+        await self.op("odelay", "*" if gid is None else gid, "" if ms is None else ms)
+
+    async def set_paused(self, gid: str, paused: bool) -> None:
+        await self.op("pause" if paused else "resume", gid)
+
+    async def delete_held(self, gid: str) -> int:
+        return int(await self.op("delete", gid))
+
     async def get_concurrency(self, gid: str) -> int:
         b = self.backend
         own, default = await b.client.hmget(b.keys.prefix_key + "grp:conc", gid, "*")
         return int(own or default or 1)
 
-    async def get_ordering_delay(self, gid: str) -> int:
+    async def get_ordering_delay(self, gid: Optional[str]) -> int:
         b = self.backend
-        own, default = await b.client.hmget(b.keys.prefix_key + "grp:odelay", gid, "*")
+        own, default = await b.client.hmget(b.keys.prefix_key + "grp:odelay", "*" if gid is None else gid, "*")
         return int(own if own is not None else default or 0)
 
     async def is_paused(self, gid: str) -> bool:

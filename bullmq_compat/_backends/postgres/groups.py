@@ -1,0 +1,208 @@
+"""Per-group FIFO on PostgreSQL: the gate inside the database (docs/groups.md, "On PostgreSQL").
+
+Our objects (``groups_sql/0001_group_gate.sql``: two settings tables, two partial indexes on
+upstream's ``job``, functions and triggers, all named ``bullmq_compat_*``) hold a group job back
+in upstream's ``waiting-children`` state until its group has a free slot, and release the next one
+inside the very transaction in which upstream's SQL function finishes, fails or removes a job,
+whoever called it: no keeper. They are installed by our own migration, with a ledger of our own
+(``bullmq_compat_migration``), beside Node's: upstream's tables, functions and ``migration`` ledger
+are untouched, so Node's ``runMigrations`` and its read-only check pass as before.
+
+>>> await migrate_postgres("postgresql://postgres@127.0.0.1/test", schema="bullmq", groups=True)
+>>> await drop_postgres_groups("postgresql://postgres@127.0.0.1/test", schema="bullmq")
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+from bullmq_compat._backends.base import GroupGate
+from bullmq_compat._backends.postgres import migrator, sql
+from bullmq_compat._errors import GroupsNotInstalled, SchemaMigrationRequired
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from bullmq_compat._backends.postgres.backend import PostgresBackend
+
+SQL_DIR = Path(__file__).resolve().parent / "groups_sql"
+#: our migrations' advisory lock ("BQCG"), per schema; Node's is 0x42554c4c ("BULL")
+GROUPS_ADVISORY_LOCK_KEY = 0x42514347
+#: the triggers version 1 installs: a schema missing one (say, Node rebuilt ``job``) is repaired
+TRIGGERS = ("bullmq_compat_gate_insert", "bullmq_compat_gate_arrival", "bullmq_compat_release_update",
+            "bullmq_compat_release_delete", "bullmq_compat_event_rewrite")
+_MIGRATION_FILE = re.compile(r"(\d{4})_[a-z0-9_]+\.sql\Z")
+
+
+@dataclass(frozen=True)
+class GroupMigration:
+    version: int
+    name: str
+    text: str
+
+
+def group_migrations() -> list[GroupMigration]:
+    """Our group migrations, in order."""
+    found = []
+    for path in sorted(SQL_DIR.glob("*.sql")):
+        match = _MIGRATION_FILE.match(path.name)
+        if match:
+            found.append(GroupMigration(int(match.group(1)), path.stem, path.read_text("utf-8")))
+    return found
+
+
+def latest_groups_version() -> int:
+    return group_migrations()[-1].version
+
+
+async def _installed_state(conn: "psycopg.AsyncConnection[Any]", schema: str) -> tuple[int, int]:
+    """(our ledger's version, 0 when none; how many of our triggers the schema has)."""
+    quoted = migrator.quote_schema_name(schema)
+    row = (await sql.execute(conn, """SELECT to_regclass($1) IS NOT NULL AS ledger,
+             (SELECT count(*)::int FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+                JOIN pg_namespace n ON n.oid = c.relnamespace
+               WHERE n.nspname = $2 AND t.tgname = ANY($3)) AS triggers""",
+                             [f"{quoted}.bullmq_compat_migration", schema, list(TRIGGERS)])).rows[0]
+    if not row["ledger"]:
+        return 0, int(row["triggers"])
+    version = (await sql.execute(conn, f"SELECT COALESCE(MAX(version), 0)::int AS v FROM {quoted}.bullmq_compat_migration"
+                                 )).rows[0]["v"]
+    return int(version), int(row["triggers"])
+
+
+async def install_groups(conn: "psycopg.AsyncConnection[Any]", schema: str) -> int:
+    """Install (or bring up to date) our group objects in ``schema`` on the idle session ``conn``;
+    returns our version. The schema must carry Node's migrations already."""
+    quoted = migrator.quote_schema_name(schema)
+    try:
+        upstream_version = await migrator.check_schema(conn, schema)
+    except SchemaMigrationRequired:
+        raise SchemaMigrationRequired(schema, (
+            f"PostgreSQL schema {schema!r} has no BullMQ migrations yet (no migration ledger), so bullmq-compat's "
+            f"group objects cannot be installed: migrate it first (Node's runMigrations, or "
+            f"bullmq_compat.migrate_postgres(url, schema={schema!r}, groups=True), which does both)")) from None
+    del upstream_version
+    migrations = group_migrations()
+    async with conn.transaction():
+        await sql.execute(conn, "SELECT pg_advisory_xact_lock($1, hashtext($2))", [GROUPS_ADVISORY_LOCK_KEY, schema])
+        await sql.execute(conn, f"SET LOCAL search_path TO {quoted}")
+        current, triggers = await _installed_state(conn, schema)
+        if current and triggers < len(TRIGGERS):
+            # our ledger says installed but objects are gone (a rebuilt table): start over
+            await sql.execute(conn, (SQL_DIR / "drop.sql").read_text("utf-8"))
+            current = 0
+        await sql.execute(conn, """CREATE TABLE IF NOT EXISTS bullmq_compat_migration (
+               version    integer PRIMARY KEY,
+               name       text NOT NULL,
+               applied_at timestamptz NOT NULL DEFAULT now()
+             )""")
+        for migration in migrations:
+            if migration.version > current:
+                await sql.execute(conn, migration.text)
+                await sql.execute(conn, "INSERT INTO bullmq_compat_migration (version, name) VALUES ($1, $2)",
+                                  [migration.version, migration.name])
+    return max(current, migrations[-1].version)
+
+
+async def drop_groups(conn: "psycopg.AsyncConnection[Any]", schema: str) -> int:
+    """Remove our group objects from ``schema`` (held jobs are released to wait first); returns how
+    many held jobs were released. Upstream's objects are left as Node's migrations made them."""
+    quoted = migrator.quote_schema_name(schema)
+    async with conn.transaction():
+        await sql.execute(conn, "SELECT pg_advisory_xact_lock($1, hashtext($2))", [GROUPS_ADVISORY_LOCK_KEY, schema])
+        await sql.execute(conn, f"SET LOCAL search_path TO {quoted}")
+        held = 0
+        if (await sql.execute(conn, "SELECT to_regclass('job') IS NOT NULL AS ok")).rows[0]["ok"]:
+            held = int((await sql.execute(
+                conn, "SELECT count(*)::int AS n FROM job WHERE opts ? 'group' AND jsonb_typeof(opts -> 'group') = "
+                      "'object' AND state = 'waiting-children' AND pending_deps = 0")).rows[0]["n"])
+        await sql.execute(conn, (SQL_DIR / "drop.sql").read_text("utf-8"))
+    return held if held else 0
+
+
+async def groups_version(conn: "psycopg.AsyncConnection[Any]", schema: str) -> int:
+    """Our installed version in ``schema`` (0: not installed, or objects missing)."""
+    version, triggers = await _installed_state(conn, schema)
+    return version if triggers == len(TRIGGERS) else 0
+
+
+def _now() -> int:
+    return int(time.time() * 1000)
+
+
+class PostgresGroups(GroupGate):
+    """The group API of one PostgreSQL queue: calls of our ``bullmq_compat_*`` functions."""
+
+    def __init__(self, backend: "PostgresBackend") -> None:
+        self.backend = backend
+
+    async def ready(self) -> None:
+        await self.backend.ensure_groups()
+
+    async def _call(self, text: str, params: list[Any]) -> sql.Result:
+        await self.ready()
+        return await self.backend.connection.execute(text, params)
+
+    async def _set(self, gid: Optional[str], field: str, value: Optional[int]) -> int:
+        result = await self._call("SELECT bullmq_compat_set_group($1, $2, $3, $4, $5) AS n",
+                                  [self.backend.name, gid, field, value, _now()])
+        return int(result.rows[0]["n"])
+
+    async def set_concurrency(self, gid: Optional[str], concurrency: int) -> None:
+        await self._set(gid, "concurrency", concurrency)
+
+    async def set_ordering_delay(self, gid: Optional[str], ms: Optional[int]) -> None:
+        await self._set(gid, "ordering_delay_ms", ms)
+
+    async def set_paused(self, gid: str, paused: bool) -> None:
+        await self._set(gid, "paused", 1 if paused else 0)
+
+    async def _settings(self, gid: str) -> dict[str, Any]:
+        result = await self._call("SELECT * FROM bullmq_compat_group_settings($1, $2)", [self.backend.name, gid])
+        return result.rows[0]
+
+    async def get_concurrency(self, gid: str) -> int:
+        return int((await self._settings(gid))["concurrency"])
+
+    async def get_ordering_delay(self, gid: Optional[str]) -> int:
+        if gid is None:
+            rows = (await self._call("SELECT ordering_delay_ms FROM bullmq_compat_group_queue WHERE queue = $1",
+                                     [self.backend.name])).rows
+            return int(rows[0]["ordering_delay_ms"] or 0) if rows else 0
+        return int((await self._settings(gid))["ordering_delay_ms"])
+
+    async def is_paused(self, gid: str) -> bool:
+        return bool((await self._settings(gid))["paused"])
+
+    _HELD = ("FROM job WHERE queue = $1 AND opts ? 'group' AND bullmq_compat_gid(opts) = $2 "
+             "AND state = 'waiting-children' AND pending_deps = 0")
+
+    async def held_count(self, gid: str) -> int:
+        result = await self._call(f"SELECT count(*)::int AS n {self._HELD}", [self.backend.name, gid])
+        return int(result.rows[0]["n"])
+
+    async def held_ids(self, gid: str, start: int, end: int) -> list[str]:
+        limit = "ALL" if end < 0 else str(max(0, end - start + 1))
+        result = await self._call(
+            f"SELECT id {self._HELD} ORDER BY bullmq_compat_group_order(opts, added_at_ms), abs(seq) "
+            f"LIMIT {limit} OFFSET $3", [self.backend.name, gid, max(0, start)])
+        return [str(row["id"]) for row in result.rows]
+
+    async def list(self) -> list[dict[str, Any]]:
+        result = await self._call("SELECT * FROM bullmq_compat_list_groups($1)", [self.backend.name])
+        return [{"id": row["gid"], "waiting": int(row["waiting"]), "running": int(row["running"]),
+                 "paused": bool(row["paused"]), "concurrency": int(row["concurrency"])} for row in result.rows]
+
+    async def delete_held(self, gid: str) -> int:
+        result = await self._call("SELECT bullmq_compat_delete_group_jobs($1, $2) AS n", [self.backend.name, gid])
+        return int(result.rows[0]["n"])
+
+    async def sweep(self) -> int:
+        result = await self._call("SELECT bullmq_compat_sweep_groups($1, $2) AS n", [self.backend.name, _now()])
+        return int(result.rows[0]["n"])
+
+
+__all__ = ["GroupsNotInstalled", "PostgresGroups", "drop_groups", "groups_version", "install_groups"]

@@ -1,0 +1,539 @@
+-- bullmq-compat's per-group gate on PostgreSQL (docs/groups.md), version 1.
+--
+-- Ours, not upstream's: every object is named bullmq_compat_*, installed by our own migration
+-- (bullmq_compat/_backends/postgres/groups.py) with a ledger of its own (bullmq_compat_migration);
+-- upstream's tables, functions and ledger are not changed. Run with search_path set to the queue
+-- schema, after upstream's migrations.
+--
+-- The model. A group job is a row of upstream's `job` whose opts hold {"group": {"id": <gid>}}
+-- (BullMQ Pro's shape; {"orderMs": n} beside "id" orders it by a producer's clock). Its state says
+-- where it is in its group's turn, so there is no bookkeeping of ours to drift:
+--   held      state 'waiting-children' with pending_deps 0 (Node's getters and Bull-Board show it
+--             under "Waiting children", as on Redis);
+--   released  'waiting', 'delayed' or 'active': the group's current job(s), at most the group's
+--             concurrency (default 1);
+--   done      'completed' / 'failed' (or the row deleted): the turn is over.
+-- Triggers on `job` keep that true whoever calls upstream's functions (a Python worker, a Node
+-- worker, Bull-Board):
+--   bullmq_compat_gate_insert      BEFORE INSERT: a new group job with no free slot, or with
+--                                  held jobs ahead of it, is held instead of added to wait.
+--   bullmq_compat_gate_arrival     BEFORE UPDATE: a done or held group job moved to wait/delayed
+--                                  by someone else than the gate (Node's job.retry(),
+--                                  queue.retryJobs(), Bull-Board's Retry) goes back behind the
+--                                  gate when its group has no free slot.
+--   bullmq_compat_release_update   AFTER UPDATE / AFTER DELETE: a released job that leaves the
+--   bullmq_compat_release_delete   running states for good frees its slot and the group's next
+--                                  held job is released (NOTIFY as upstream's add) in the same
+--                                  transaction as the finish.
+--   bullmq_compat_event_rewrite    BEFORE INSERT on `event`: the 'waiting' event upstream's add
+--                                  (or retry) publishes for a job the gate has just held reads
+--                                  'waiting-children', as the Redis gate's does.
+-- Each trigger has a WHEN clause on the group option, so ungrouped jobs pay a jsonb key test.
+--
+-- Locks. A group is serialised by a transaction-scoped advisory lock (two int4 keys, a space
+-- upstream's single-key locks do not use), always taken while the job row that fired the trigger
+-- is locked, and before any held row is locked. Nothing that locks a held row waits for a group
+-- lock (deleting or changing a held job fires no trigger of ours), so no cycle can form.
+
+CREATE TABLE bullmq_compat_group (
+  queue             text    NOT NULL,
+  gid               text    NOT NULL,
+  concurrency       integer,            -- NULL: the queue's default, else 1
+  paused            boolean NOT NULL DEFAULT false,
+  ordering_delay_ms bigint,             -- NULL: the queue's default, else 0
+  PRIMARY KEY (queue, gid)
+);
+
+CREATE TABLE bullmq_compat_group_queue (
+  queue             text    PRIMARY KEY,
+  concurrency       integer,            -- the default of the queue's groups (NULL: 1)
+  ordering_delay_ms bigint              -- NULL: 0
+);
+
+-- The group id of a job's options (NULL: not a group job).
+CREATE FUNCTION bullmq_compat_gid(p_opts jsonb) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT CASE WHEN jsonb_typeof(p_opts -> 'group') = 'object' THEN p_opts -> 'group' ->> 'id' END $$;
+
+-- A producer's order (opts.group.orderMs), NULL when it gave none.
+CREATE FUNCTION bullmq_compat_order_ms(p_opts jsonb) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+  SELECT CASE WHEN jsonb_typeof(p_opts -> 'group' -> 'orderMs') = 'number'
+              THEN LEAST(GREATEST(floor((p_opts -> 'group' ->> 'orderMs')::numeric), 0), 9e15)::bigint END
+$$;
+
+-- A group job's place in its group: its order_ms, else its add time (ties: add sequence).
+-- (self-contained: index expressions must not resolve names through search_path)
+CREATE FUNCTION bullmq_compat_group_order(p_opts jsonb, p_added_at_ms bigint) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+  SELECT CASE WHEN jsonb_typeof(p_opts -> 'group' -> 'orderMs') = 'number'
+              THEN LEAST(GREATEST(floor((p_opts -> 'group' ->> 'orderMs')::numeric), 0), 9e15)::bigint
+              ELSE p_added_at_ms END
+$$;
+
+-- The group's released jobs (counted per gate decision) and its held jobs in group order.
+CREATE INDEX bullmq_compat_group_running_idx
+  ON job (queue, bullmq_compat_gid(opts))
+  WHERE opts ? 'group' AND state IN ('waiting', 'active', 'delayed');
+
+CREATE INDEX bullmq_compat_group_held_idx
+  ON job (queue, bullmq_compat_gid(opts), bullmq_compat_group_order(opts, added_at_ms), abs(seq))
+  WHERE opts ? 'group' AND state = 'waiting-children';
+
+CREATE FUNCTION bullmq_compat_now() RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint $$;
+
+-- Serialise one group of one queue until the transaction ends.
+CREATE FUNCTION bullmq_compat_lock_group(p_queue text, p_gid text) RETURNS void
+LANGUAGE sql VOLATILE
+AS $$ SELECT pg_advisory_xact_lock(hashtext('bullmq_compat:group:' || p_queue), hashtext(p_gid)) $$;
+
+-- A group's settings: (concurrency, paused, ordering delay ms).
+CREATE FUNCTION bullmq_compat_group_settings(
+  p_queue text, p_gid text, OUT concurrency integer, OUT paused boolean, OUT ordering_delay_ms bigint
+)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+  v_group bullmq_compat_group;
+  v_queue bullmq_compat_group_queue;
+BEGIN
+  SELECT * INTO v_group FROM bullmq_compat_group g WHERE g.queue = p_queue AND g.gid = p_gid;
+  SELECT * INTO v_queue FROM bullmq_compat_group_queue q WHERE q.queue = p_queue;
+  concurrency := COALESCE(v_group.concurrency, v_queue.concurrency, 1);
+  paused := COALESCE(v_group.paused, false);
+  ordering_delay_ms := COALESCE(v_group.ordering_delay_ms, v_queue.ordering_delay_ms, 0);
+END;
+$$;
+
+-- How many of the group's jobs are released (wait, delayed, active) now.
+CREATE FUNCTION bullmq_compat_running(p_queue text, p_gid text) RETURNS integer
+LANGUAGE sql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+  SELECT count(*)::integer FROM job
+   WHERE queue = p_queue AND opts ? 'group' AND bullmq_compat_gid(opts) = p_gid
+     AND state IN ('waiting', 'active', 'delayed')
+$$;
+
+-- When a job the gate releases now is due (ms; <= p_now: at once): its own delay counts from its
+-- add time (as upstream's add), the ordering delay from its order_ms.
+CREATE FUNCTION bullmq_compat_due(p_opts jsonb, p_added_at_ms bigint, p_delay_ms bigint, p_ordering_delay_ms bigint)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE
+SET search_path FROM CURRENT
+AS $$
+  SELECT GREATEST(
+    CASE WHEN p_delay_ms > 0 THEN p_added_at_ms + p_delay_ms ELSE 0 END,
+    CASE WHEN p_ordering_delay_ms > 0 AND bullmq_compat_order_ms(p_opts) IS NOT NULL
+         THEN bullmq_compat_order_ms(p_opts) + p_ordering_delay_ms ELSE 0 END)
+$$;
+
+-- With an ordering delay: take back behind the gate the group's released jobs that have not started
+-- and wait out their window in delayed, when they come after order `p_order` (a job with an
+-- earlier order_ms arrived late: it goes first). Rows locked by someone else are left alone.
+CREATE FUNCTION bullmq_compat_reclaim(p_queue text, p_gid text, p_order bigint) RETURNS integer
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+  v_id text;
+  v_n integer := 0;
+BEGIN
+  FOR v_id IN
+    SELECT id FROM job
+     WHERE queue = p_queue AND opts ? 'group' AND bullmq_compat_gid(opts) = p_gid
+       AND state = 'delayed' AND processed_at_ms IS NULL
+       AND bullmq_compat_order_ms(opts) IS NOT NULL
+       AND bullmq_compat_group_order(opts, added_at_ms) > p_order
+     FOR UPDATE SKIP LOCKED
+  LOOP
+    UPDATE job SET state = 'waiting-children', process_at_ms = NULL WHERE queue = p_queue AND id = v_id;
+    PERFORM publish_event(p_queue, 'waiting-children', jsonb_build_object('jobId', v_id, 'prev', 'delayed'));
+    v_n := v_n + 1;
+  END LOOP;
+  RETURN v_n;
+END;
+$$;
+
+-- Release the group's next held jobs while it has free slots; returns how many were released.
+-- The caller holds the group lock.
+CREATE FUNCTION bullmq_compat_release_locked(p_queue text, p_gid text, p_now bigint) RETURNS integer
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+  v_set record;
+  v_running integer;
+  v_job job;
+  v_due bigint;
+  v_seq bigint;
+  v_released integer := 0;
+  v_misses integer := 0;
+BEGIN
+  SELECT * INTO v_set FROM bullmq_compat_group_settings(p_queue, p_gid);
+  IF v_set.paused THEN
+    RETURN 0;
+  END IF;
+  v_running := bullmq_compat_running(p_queue, p_gid);
+  WHILE v_running < v_set.concurrency LOOP
+    SELECT * INTO v_job FROM job
+     WHERE queue = p_queue AND opts ? 'group' AND bullmq_compat_gid(opts) = p_gid
+       AND state = 'waiting-children' AND pending_deps = 0
+     ORDER BY bullmq_compat_group_order(opts, added_at_ms), abs(seq)
+     LIMIT 1
+     FOR UPDATE;
+    IF NOT FOUND THEN
+      -- (a head removed while we waited for its lock yields no row: look again, a few times)
+      v_misses := v_misses + 1;
+      EXIT WHEN v_misses > 3 OR NOT EXISTS (
+        SELECT 1 FROM job WHERE queue = p_queue AND opts ? 'group' AND bullmq_compat_gid(opts) = p_gid
+           AND state = 'waiting-children' AND pending_deps = 0);
+      CONTINUE;
+    END IF;
+    v_due := bullmq_compat_due(v_job.opts, v_job.added_at_ms, v_job.delay_ms, v_set.ordering_delay_ms);
+    v_seq := nextval('job_seq');
+    IF v_job.opts ->> 'lifo' = 'true' THEN
+      v_seq := -v_seq;
+    END IF;
+    IF v_due > p_now THEN
+      UPDATE job SET state = 'delayed', process_at_ms = v_due, seq = v_seq
+       WHERE queue = p_queue AND id = v_job.id;
+      PERFORM publish_event(p_queue, 'delayed', jsonb_build_object('jobId', v_job.id, 'delay', v_due));
+    ELSE
+      UPDATE job SET state = 'waiting', process_at_ms = NULL, seq = v_seq
+       WHERE queue = p_queue AND id = v_job.id;
+      PERFORM publish_event(p_queue, 'waiting',
+        jsonb_build_object('jobId', v_job.id, 'prev', 'waiting-children'));
+    END IF;
+    v_running := v_running + 1;
+    v_released := v_released + 1;
+  END LOOP;
+  IF v_released > 0 THEN
+    PERFORM pg_notify('bullmq_jobs', p_queue);
+  END IF;
+  RETURN v_released;
+END;
+$$;
+
+CREATE FUNCTION bullmq_compat_release(p_queue text, p_gid text, p_now bigint) RETURNS integer
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+  PERFORM bullmq_compat_lock_group(p_queue, p_gid);
+  RETURN bullmq_compat_release_locked(p_queue, p_gid, p_now);
+END;
+$$;
+
+-- The gate's decision for a group job arriving in wait/delayed (added, or moved there from done or
+-- held by someone else than the gate): true when it may go, false when it must be held. Holds the
+-- group lock from here on. p_seq: its add sequence (its place among equal orders).
+CREATE FUNCTION bullmq_compat_may_pass(p_queue text, p_gid text, p_order bigint, p_seq bigint,
+                                       p_ordered boolean, p_ordering_delay_ms bigint, p_paused boolean,
+                                       p_concurrency integer)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+  IF p_ordered AND p_ordering_delay_ms > 0 THEN
+    PERFORM bullmq_compat_reclaim(p_queue, p_gid, p_order);
+  END IF;
+  IF p_paused OR bullmq_compat_running(p_queue, p_gid) >= p_concurrency THEN
+    RETURN false;
+  END IF;
+  RETURN NOT EXISTS (
+    SELECT 1 FROM job
+     WHERE queue = p_queue AND opts ? 'group' AND bullmq_compat_gid(opts) = p_gid
+       AND state = 'waiting-children' AND pending_deps = 0
+       AND (bullmq_compat_group_order(opts, added_at_ms), abs(seq)) < (p_order, abs(p_seq)));
+END;
+$$;
+
+-- BEFORE INSERT: a new group job.
+CREATE FUNCTION bullmq_compat_gate_insert() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+  v_gid text := bullmq_compat_gid(NEW.opts);
+  v_set record;
+  v_order bigint;
+  v_due bigint;
+BEGIN
+  IF v_gid IS NULL OR NEW.state NOT IN ('waiting', 'delayed') THEN
+    RETURN NEW; -- not a group job, or a flow parent (refused by the clients; left to upstream)
+  END IF;
+  PERFORM bullmq_compat_lock_group(NEW.queue, v_gid);
+  SELECT * INTO v_set FROM bullmq_compat_group_settings(NEW.queue, v_gid);
+  v_order := bullmq_compat_group_order(NEW.opts, NEW.added_at_ms);
+  IF NOT bullmq_compat_may_pass(NEW.queue, v_gid, v_order, NEW.seq, bullmq_compat_order_ms(NEW.opts) IS NOT NULL,
+                                v_set.ordering_delay_ms, v_set.paused, v_set.concurrency) THEN
+    NEW.state := 'waiting-children';
+    NEW.process_at_ms := NULL;
+    PERFORM set_config('bullmq_compat.gated', '1', true);
+    RETURN NEW;
+  END IF;
+  v_due := bullmq_compat_due(NEW.opts, NEW.added_at_ms, NEW.delay_ms, v_set.ordering_delay_ms);
+  IF v_due > bullmq_compat_now() AND v_due > COALESCE(NEW.process_at_ms, 0) THEN
+    NEW.state := 'delayed'; -- its ordering window
+    NEW.process_at_ms := v_due;
+    PERFORM set_config('bullmq_compat.gated', '1', true);
+  END IF;
+  RETURN NEW;
+END;
+$$;
+
+-- BEFORE UPDATE OF state: a done or held group job moved to wait/delayed by an upstream function.
+CREATE FUNCTION bullmq_compat_gate_arrival() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+  v_gid text := bullmq_compat_gid(NEW.opts);
+  v_set record;
+BEGIN
+  IF v_gid IS NULL THEN
+    RETURN NEW;
+  END IF;
+  PERFORM bullmq_compat_lock_group(NEW.queue, v_gid);
+  SELECT * INTO v_set FROM bullmq_compat_group_settings(NEW.queue, v_gid);
+  IF bullmq_compat_may_pass(NEW.queue, v_gid, bullmq_compat_group_order(NEW.opts, NEW.added_at_ms), NEW.seq,
+                            false, 0, v_set.paused, v_set.concurrency) THEN
+    RETURN NEW;
+  END IF;
+  NEW.state := 'waiting-children';
+  NEW.process_at_ms := NULL;
+  PERFORM set_config('bullmq_compat.gated', '1', true);
+  RETURN NEW;
+END;
+$$;
+
+-- AFTER UPDATE OF state / AFTER DELETE: a released group job whose turn has ended.
+CREATE FUNCTION bullmq_compat_release_trigger() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+  v_row job;
+BEGIN
+  IF TG_OP = 'DELETE' THEN
+    v_row := OLD;
+  ELSE
+    v_row := NEW;
+  END IF;
+  IF bullmq_compat_gid(v_row.opts) IS NOT NULL THEN
+    PERFORM bullmq_compat_release(v_row.queue, bullmq_compat_gid(v_row.opts), bullmq_compat_now());
+  END IF;
+  RETURN NULL;
+END;
+$$;
+
+-- BEFORE INSERT on event, in a transaction where the gate changed a job's state: an add's (or a
+-- retry's) 'waiting' event for a job now held says 'waiting-children'; for a job the gate sent to
+-- delayed (its ordering window), 'delayed' with its due time.
+CREATE FUNCTION bullmq_compat_event_rewrite() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+  v_state job_state;
+  v_due bigint;
+BEGIN
+  SELECT state, process_at_ms INTO v_state, v_due FROM job
+   WHERE queue = NEW.queue AND id = NEW.data ->> 'jobId' AND opts ? 'group';
+  IF v_state = 'waiting-children' THEN
+    NEW.event := 'waiting-children';
+    NEW.data := NEW.data - 'delay';
+  ELSIF v_state = 'delayed' AND NEW.event = 'waiting' THEN
+    NEW.event := 'delayed';
+    NEW.data := jsonb_build_object('jobId', NEW.data ->> 'jobId', 'delay', v_due);
+  END IF;
+  RETURN NEW;
+END;
+$$;
+
+CREATE TRIGGER bullmq_compat_gate_insert
+  BEFORE INSERT ON job
+  FOR EACH ROW WHEN (NEW.opts ? 'group')
+  EXECUTE FUNCTION bullmq_compat_gate_insert();
+
+CREATE TRIGGER bullmq_compat_gate_arrival
+  BEFORE UPDATE OF state ON job
+  FOR EACH ROW WHEN (NEW.opts ? 'group' AND OLD.state IN ('completed', 'failed', 'waiting-children')
+                     AND NEW.state IN ('waiting', 'delayed') AND pg_trigger_depth() < 1)
+  EXECUTE FUNCTION bullmq_compat_gate_arrival();
+
+CREATE TRIGGER bullmq_compat_release_update
+  AFTER UPDATE OF state ON job
+  FOR EACH ROW WHEN (NEW.opts ? 'group' AND OLD.state IN ('waiting', 'active', 'delayed')
+                     AND NEW.state IN ('completed', 'failed', 'waiting-children') AND pg_trigger_depth() < 1)
+  EXECUTE FUNCTION bullmq_compat_release_trigger();
+
+CREATE TRIGGER bullmq_compat_release_delete
+  AFTER DELETE ON job
+  FOR EACH ROW WHEN (OLD.opts ? 'group' AND OLD.state IN ('waiting', 'active', 'delayed') AND pg_trigger_depth() < 1)
+  EXECUTE FUNCTION bullmq_compat_release_trigger();
+
+CREATE TRIGGER bullmq_compat_event_rewrite
+  BEFORE INSERT ON event
+  FOR EACH ROW WHEN (NEW.event IN ('waiting', 'delayed') AND current_setting('bullmq_compat.gated', true) = '1')
+  EXECUTE FUNCTION bullmq_compat_event_rewrite();
+
+-- ── The group API (Queue's methods; bullmq_compat/_backends/postgres/groups.py) ──────────────
+
+-- Settings. p_gid NULL: the queue's default. Releases what the new setting lets go.
+CREATE FUNCTION bullmq_compat_set_group(p_queue text, p_gid text, p_field text, p_value bigint, p_now bigint)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+  v_gid text;
+  v_n integer := 0;
+BEGIN
+  IF p_gid IS NULL THEN
+    INSERT INTO bullmq_compat_group_queue (queue) VALUES (p_queue) ON CONFLICT DO NOTHING;
+    IF p_field = 'concurrency' THEN
+      UPDATE bullmq_compat_group_queue SET concurrency = p_value WHERE queue = p_queue;
+    ELSIF p_field = 'ordering_delay_ms' THEN
+      UPDATE bullmq_compat_group_queue SET ordering_delay_ms = p_value WHERE queue = p_queue;
+    ELSE
+      RAISE EXCEPTION 'bullmq-compat: unknown queue group setting %', p_field;
+    END IF;
+    IF p_field = 'concurrency' THEN -- every group with held jobs may have slots now
+      FOR v_gid IN SELECT DISTINCT bullmq_compat_gid(opts) FROM job
+                    WHERE queue = p_queue AND opts ? 'group' AND state = 'waiting-children' LOOP
+        v_n := v_n + bullmq_compat_release(p_queue, v_gid, p_now);
+      END LOOP;
+    END IF;
+    RETURN v_n;
+  END IF;
+  PERFORM bullmq_compat_lock_group(p_queue, p_gid);
+  INSERT INTO bullmq_compat_group (queue, gid) VALUES (p_queue, p_gid) ON CONFLICT DO NOTHING;
+  IF p_field = 'concurrency' THEN
+    UPDATE bullmq_compat_group SET concurrency = p_value WHERE queue = p_queue AND gid = p_gid;
+  ELSIF p_field = 'ordering_delay_ms' THEN
+    UPDATE bullmq_compat_group SET ordering_delay_ms = p_value WHERE queue = p_queue AND gid = p_gid;
+  ELSIF p_field = 'paused' THEN
+    UPDATE bullmq_compat_group SET paused = p_value <> 0 WHERE queue = p_queue AND gid = p_gid;
+  ELSE
+    RAISE EXCEPTION 'bullmq-compat: unknown group setting %', p_field;
+  END IF;
+  -- a group back to all defaults needs no row
+  DELETE FROM bullmq_compat_group
+   WHERE queue = p_queue AND gid = p_gid AND concurrency IS NULL AND NOT paused AND ordering_delay_ms IS NULL;
+  RETURN bullmq_compat_release_locked(p_queue, p_gid, p_now);
+END;
+$$;
+
+-- Remove the group's held jobs (released ones are left) with upstream's remove; returns how many.
+CREATE FUNCTION bullmq_compat_delete_group_jobs(p_queue text, p_gid text) RETURNS integer
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+  v_id text;
+  v_n integer := 0;
+BEGIN
+  PERFORM bullmq_compat_lock_group(p_queue, p_gid);
+  FOR v_id IN SELECT id FROM job
+               WHERE queue = p_queue AND opts ? 'group' AND bullmq_compat_gid(opts) = p_gid
+                 AND state = 'waiting-children' AND pending_deps = 0 LOOP
+    v_n := v_n + remove(p_queue, v_id, true);
+  END LOOP;
+  RETURN v_n;
+END;
+$$;
+
+-- Every group of the queue: (gid, held, running, paused, concurrency), by gid.
+CREATE FUNCTION bullmq_compat_list_groups(p_queue text)
+RETURNS TABLE (gid text, waiting integer, running integer, paused boolean, concurrency integer)
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$
+  WITH counts AS (
+    SELECT bullmq_compat_gid(opts) AS gid,
+           count(*) FILTER (WHERE state = 'waiting-children' AND pending_deps = 0)::integer AS waiting,
+           count(*) FILTER (WHERE state IN ('waiting', 'active', 'delayed'))::integer AS running
+      FROM job
+     WHERE queue = p_queue AND opts ? 'group' AND state IN ('waiting', 'active', 'delayed', 'waiting-children')
+     GROUP BY 1
+  ), gids AS (
+    SELECT gid FROM counts WHERE gid IS NOT NULL AND (waiting > 0 OR running > 0)
+    UNION SELECT gid FROM bullmq_compat_group WHERE queue = p_queue AND paused
+  )
+  SELECT g.gid, COALESCE(c.waiting, 0), COALESCE(c.running, 0), s.paused, s.concurrency
+    FROM gids g
+    LEFT JOIN counts c ON c.gid = g.gid
+    CROSS JOIN LATERAL bullmq_compat_group_settings(p_queue, g.gid) s
+   ORDER BY g.gid
+$$;
+
+-- Group affinity of a batch: the group's next held jobs straight into active, one per token, as
+-- upstream's move_to_active prepares a job ('waiting' then 'active' events). Stops at: no held job
+-- left, the group or the queue paused, or a held job not due yet.
+CREATE FUNCTION bullmq_compat_take_group_jobs(p_queue text, p_gid text, p_tokens text[], p_lock_ms bigint,
+                                              p_now bigint, p_name text)
+RETURNS SETOF job
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+  v_set record;
+  v_job job;
+  v_token text;
+BEGIN
+  IF EXISTS (SELECT 1 FROM meta WHERE queue = p_queue AND field = 'paused' AND value = '1') THEN
+    RETURN;
+  END IF;
+  PERFORM bullmq_compat_lock_group(p_queue, p_gid);
+  SELECT * INTO v_set FROM bullmq_compat_group_settings(p_queue, p_gid);
+  IF v_set.paused THEN
+    RETURN;
+  END IF;
+  FOREACH v_token IN ARRAY p_tokens LOOP
+    SELECT * INTO v_job FROM job
+     WHERE queue = p_queue AND opts ? 'group' AND bullmq_compat_gid(opts) = p_gid
+       AND state = 'waiting-children' AND pending_deps = 0
+     ORDER BY bullmq_compat_group_order(opts, added_at_ms), abs(seq)
+     LIMIT 1
+     FOR UPDATE;
+    EXIT WHEN NOT FOUND;
+    EXIT WHEN bullmq_compat_due(v_job.opts, v_job.added_at_ms, v_job.delay_ms, v_set.ordering_delay_ms) > p_now;
+    UPDATE job
+       SET state = 'active', seq = nextval('job_seq'), process_at_ms = NULL, delay_ms = 0,
+           lock_token = v_token, locked_until_ms = p_now + p_lock_ms, processed_at_ms = p_now,
+           processed_by = p_name, attempts_started = attempts_started + 1
+     WHERE queue = p_queue AND id = v_job.id
+    RETURNING * INTO v_job;
+    PERFORM publish_event(p_queue, 'waiting', jsonb_build_object('jobId', v_job.id, 'prev', 'waiting-children'));
+    PERFORM publish_event(p_queue, 'active', jsonb_build_object('jobId', v_job.id, 'prev', 'waiting'));
+    RETURN NEXT v_job;
+  END LOOP;
+END;
+$$;
+
+-- Repair: release every group of the queue that has held jobs and free slots (needed only for jobs
+-- added before the gate was installed, or held by an interrupted drop/install); returns how many.
+CREATE FUNCTION bullmq_compat_sweep_groups(p_queue text, p_now bigint) RETURNS integer
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+  v_gid text;
+  v_n integer := 0;
+BEGIN
+  FOR v_gid IN SELECT DISTINCT bullmq_compat_gid(opts) FROM job
+                WHERE queue = p_queue AND opts ? 'group' AND state = 'waiting-children'
+                  AND bullmq_compat_gid(opts) IS NOT NULL LOOP
+    v_n := v_n + bullmq_compat_release(p_queue, v_gid, p_now);
+  END LOOP;
+  RETURN v_n;
+END;
+$$;
