@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from bullmq_compat._errors import BullMQCompatError, InvalidArgument
+from bullmq_compat._errors import BullMQCompatError, GroupsNotInstalled, InvalidArgument
 from bullmq_compat._secrets import redact_url, scrub, secrets_of
 
 DEFAULT_REDIS = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -111,7 +111,10 @@ async def cmd_info(args: argparse.Namespace) -> int:
             paused = await queue.is_paused()
             print(f"queue {name}{' (paused)' if paused else ''}")
             print(_table([[state, n] for state, n in counts.items()], ["state", "jobs"]))
-            groups = await queue.get_groups() if queue.backend.kind == "redis" else []
+            try:
+                groups = await queue.get_groups()
+            except GroupsNotInstalled:  # a PostgreSQL schema without our group objects: no groups
+                groups = []
             if groups:
                 print()
                 print(_table([[g["id"], g["waiting"], g["running"], "yes" if g["paused"] else "", g["concurrency"]]

@@ -47,6 +47,10 @@ Measurements (job counts for the default run; --quick: fewer jobs and 1 round):
   process-batch50 bullmq-compat only: the same jobs taken by a batch worker (batch={"size": 50},
                  concurrency 2: 2 batches in flight), paired as process-grouped with a
                  concurrency-100 twin; reports the ratios of jobs/s and of client CPU per job
+  pg-process-grouped, pg-process-gate, pg-add-gate  bullmq-compat only, PostgreSQL: pg-process-c10's
+                 jobs over n/20 groups in a schema with our group objects, paired with an ungrouped
+                 twin there; ungrouped jobs with our objects, paired with a twin without them
+                 (worker c=10, and adds one at a time)
   latency        idle worker; 200 jobs added one at a time, 20 ms apart; latency = handler start
                  time minus job.timestamp, p50/p99 (nearest rank) per round
 
@@ -125,6 +129,9 @@ class Measurement:
     backend: str = "redis"        # "redis" or "postgres"
     batch_size: int = 0           # a batch worker (bullmq-compat only): batch={"size": batch_size}
     twin_concurrency: int = 0     # the paired twin's concurrency (0: the same as this one's)
+    gate: bool = False            # PostgreSQL: our group objects installed in the run's schema (untimed)
+    twin_gate: Optional[bool] = None  # the paired twin's gate (None: the same as this one's)
+    twin_label: str = ""          # what the paired twin is, for the report ("" : an ungrouped twin)
 
     @property
     def is_latency(self) -> bool:
@@ -406,7 +413,7 @@ def run_one(impl: Impl, m: Measurement, target: Target) -> dict[str, Any]:
     if m.backend == "postgres":
         assert target.postgres_url
         schema = f"bench_{uuid.uuid4().hex[:12]}"
-        args.update(postgres=target.postgres_url, schema=schema)
+        args.update(postgres=target.postgres_url, schema=schema, pgGroups=m.gate)
     else:
         assert target.redis is not None
         flush(target.redis.port)
@@ -460,7 +467,8 @@ def run_paired(impl: Impl, m: Measurement, server: Target, twin_first: bool) -> 
     the same jobs and worker settings, so that the machine's drift, which is large here, hits both
     alike. The run of ``m`` carries the twin's rate and the ratio of the two."""
     twin = replace(m, key=f"{m.key}-twin", groups=0, batch_size=0, baseline=None,
-                   concurrency=m.twin_concurrency or m.concurrency)
+                   concurrency=m.twin_concurrency or m.concurrency,
+                   gate=m.gate if m.twin_gate is None else m.twin_gate, twin_gate=None)
     if twin_first:
         base = run_one(impl, twin, server)
         run = run_one(impl, m, server)
@@ -492,6 +500,21 @@ def postgres_measurements(args: argparse.Namespace) -> list[Measurement]:
         out.append(Measurement(f"pg-process-c{c}", f"PostgreSQL: worker c={c} ({n_proc:,} pre-loaded no-op jobs, "
                                "jobs kept)", "process", n_proc, concurrency=c, batch=min(1000, n_proc),
                                backend="postgres"))
+    n_groups = max(1, n_proc // 20)
+    out += [
+        Measurement("pg-process-grouped", f"PostgreSQL: worker c=10, the jobs over {n_groups:,} groups (bullmq-compat "
+                    "only; paired with an ungrouped twin in a schema with our group objects)", "process", n_proc,
+                    concurrency=10, batch=min(1000, n_proc), groups=n_groups, only="compat", baseline="pg-process-c10",
+                    backend="postgres", gate=True),
+        Measurement("pg-process-gate", "PostgreSQL: worker c=10, ungrouped jobs in a schema with our group objects "
+                    "(bullmq-compat only; paired with a twin in a schema without them)", "process", n_proc,
+                    concurrency=10, batch=min(1000, n_proc), only="compat", baseline="pg-process-c10",
+                    backend="postgres", gate=True, twin_gate=False, twin_label="twin without our group objects"),
+        Measurement("pg-add-gate", f"PostgreSQL: add one at a time ({n_add:,} ungrouped jobs) in a schema with our "
+                    "group objects (bullmq-compat only; paired with a twin without them)", "add", n_add,
+                    only="compat", baseline="pg-add", backend="postgres", gate=True, twin_gate=False,
+                    twin_label="twin without our group objects"),
+    ]
     return out
 
 
@@ -813,7 +836,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                     extra = (f"p50 {run['p50Ms']:.2f} ms p99 {run['p99Ms']:.2f} ms" if m.is_latency
                              else f"{run['jobsPerSec']:>10,.0f} jobs/s")
                     if "pairedRatio" in run:
-                        twin_name = "concurrency-100 twin" if m.batch_size else "ungrouped twin"
+                        twin_name = m.twin_label or ("concurrency-100 twin" if m.batch_size else "ungrouped twin")
                         extra += (f" ({twin_name} {run['pairedBaselineJobsPerSec']:,.0f} jobs/s: "
                                   f"{run['pairedRatio']:.2f}x; cpu {run['pairedBaselineCpuUsPerJob']:.1f} us/job: "
                                   f"{run['pairedCpuRatio']:.2f}x)")
@@ -851,7 +874,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             paired = summary[m.key].get(m.only or "", {}) or {}
             if "pairedRatio" in paired:
                 p = paired["pairedRatio"]
-                twin_name = "a concurrency-100 twin (no batches)" if m.batch_size else "an ungrouped twin"
+                twin_name = (f"a {m.twin_label}" if m.twin_label else
+                             "a concurrency-100 twin (no batches)" if m.batch_size else "an ungrouped twin")
                 c = paired["pairedCpuRatio"]
                 print(f"   paired: each round's run vs {twin_name} run just before or after it: jobs/s "
                       f"median {p['median']:.2f}x [{p['min']:.2f}-{p['max']:.2f}], client CPU per job "

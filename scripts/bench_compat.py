@@ -254,6 +254,10 @@ class CompatAdapter(Adapter):
 
     async def queue_ready(self) -> None:
         await self.queue.wait_until_ready()
+        if self.args.get("pgGroups"):  # our group objects in the run's schema (untimed)
+            from bullmq_compat import migrate_postgres
+
+            await migrate_postgres(self.args["postgres"], self.args["schema"], groups=True)
 
     def add(self, i: int) -> Awaitable[Any]:
         return self.queue.add(JOB_NAME, {"i": i})

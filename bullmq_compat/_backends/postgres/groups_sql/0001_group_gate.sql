@@ -82,42 +82,44 @@ CREATE INDEX bullmq_compat_group_held_idx
   ON job (queue, bullmq_compat_gid(opts), bullmq_compat_group_order(opts, added_at_ms), abs(seq))
   WHERE opts ? 'group' AND state = 'waiting-children';
 
+-- (Helpers that run a query are PL/pgSQL, whose plans are kept per session: a LANGUAGE sql function
+-- that is not inlined plans its query again on every call.)
 CREATE FUNCTION bullmq_compat_now() RETURNS bigint
-LANGUAGE sql VOLATILE
-AS $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint $$;
+LANGUAGE plpgsql VOLATILE
+AS $$ BEGIN RETURN (extract(epoch FROM clock_timestamp()) * 1000)::bigint; END $$;
 
 -- Serialise one group of one queue until the transaction ends.
 CREATE FUNCTION bullmq_compat_lock_group(p_queue text, p_gid text) RETURNS void
-LANGUAGE sql VOLATILE
-AS $$ SELECT pg_advisory_xact_lock(hashtext('bullmq_compat:group:' || p_queue), hashtext(p_gid)) $$;
+LANGUAGE plpgsql VOLATILE
+AS $$ BEGIN PERFORM pg_advisory_xact_lock(hashtext('bullmq_compat:group:' || p_queue), hashtext(p_gid)); END $$;
 
 -- A group's settings: (concurrency, paused, ordering delay ms).
+-- (Internal helpers have no SET search_path: they run inside our entry points -- the trigger and
+-- API functions -- which set it, and a SET clause costs a configuration change per call.)
 CREATE FUNCTION bullmq_compat_group_settings(
   p_queue text, p_gid text, OUT concurrency integer, OUT paused boolean, OUT ordering_delay_ms bigint
 )
 LANGUAGE plpgsql VOLATILE
-SET search_path FROM CURRENT
 AS $$
-DECLARE
-  v_group bullmq_compat_group;
-  v_queue bullmq_compat_group_queue;
 BEGIN
-  SELECT * INTO v_group FROM bullmq_compat_group g WHERE g.queue = p_queue AND g.gid = p_gid;
-  SELECT * INTO v_queue FROM bullmq_compat_group_queue q WHERE q.queue = p_queue;
-  concurrency := COALESCE(v_group.concurrency, v_queue.concurrency, 1);
-  paused := COALESCE(v_group.paused, false);
-  ordering_delay_ms := COALESCE(v_group.ordering_delay_ms, v_queue.ordering_delay_ms, 0);
+  SELECT COALESCE(g.concurrency, q.concurrency, 1), COALESCE(g.paused, false),
+         COALESCE(g.ordering_delay_ms, q.ordering_delay_ms, 0)
+    INTO concurrency, paused, ordering_delay_ms
+    FROM (SELECT 1) AS one
+    LEFT JOIN bullmq_compat_group g ON g.queue = p_queue AND g.gid = p_gid
+    LEFT JOIN bullmq_compat_group_queue q ON q.queue = p_queue;
 END;
 $$;
 
 -- How many of the group's jobs are released (wait, delayed, active) now.
 CREATE FUNCTION bullmq_compat_running(p_queue text, p_gid text) RETURNS integer
-LANGUAGE sql VOLATILE
-SET search_path FROM CURRENT
+LANGUAGE plpgsql VOLATILE
 AS $$
-  SELECT count(*)::integer FROM job
-   WHERE queue = p_queue AND opts ? 'group' AND bullmq_compat_gid(opts) = p_gid
-     AND state IN ('waiting', 'active', 'delayed')
+BEGIN
+  RETURN (SELECT count(*)::integer FROM job
+           WHERE queue = p_queue AND opts ? 'group' AND bullmq_compat_gid(opts) = p_gid
+             AND state IN ('waiting', 'active', 'delayed'));
+END;
 $$;
 
 -- When a job the gate releases now is due (ms; <= p_now: at once): its own delay counts from its
@@ -125,7 +127,6 @@ $$;
 CREATE FUNCTION bullmq_compat_due(p_opts jsonb, p_added_at_ms bigint, p_delay_ms bigint, p_ordering_delay_ms bigint)
 RETURNS bigint
 LANGUAGE sql IMMUTABLE
-SET search_path FROM CURRENT
 AS $$
   SELECT GREATEST(
     CASE WHEN p_delay_ms > 0 THEN p_added_at_ms + p_delay_ms ELSE 0 END,
@@ -138,7 +139,6 @@ $$;
 -- earlier order_ms arrived late: it goes first). Rows locked by someone else are left alone.
 CREATE FUNCTION bullmq_compat_reclaim(p_queue text, p_gid text, p_order bigint) RETURNS integer
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
 AS $$
 DECLARE
   v_id text;
@@ -164,10 +164,11 @@ $$;
 -- The caller holds the group lock.
 CREATE FUNCTION bullmq_compat_release_locked(p_queue text, p_gid text, p_now bigint) RETURNS integer
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
 AS $$
 DECLARE
-  v_set record;
+  v_concurrency integer;
+  v_paused boolean;
+  v_ordering_delay_ms bigint;
   v_running integer;
   v_job job;
   v_due bigint;
@@ -175,12 +176,20 @@ DECLARE
   v_released integer := 0;
   v_misses integer := 0;
 BEGIN
-  SELECT * INTO v_set FROM bullmq_compat_group_settings(p_queue, p_gid);
-  IF v_set.paused THEN
+  -- (the settings and the count written out here, not called: this runs on every group job's finish)
+  SELECT COALESCE(g.concurrency, q.concurrency, 1), COALESCE(g.paused, false),
+         COALESCE(g.ordering_delay_ms, q.ordering_delay_ms, 0)
+    INTO v_concurrency, v_paused, v_ordering_delay_ms
+    FROM (SELECT 1) AS one
+    LEFT JOIN bullmq_compat_group g ON g.queue = p_queue AND g.gid = p_gid
+    LEFT JOIN bullmq_compat_group_queue q ON q.queue = p_queue;
+  IF v_paused THEN
     RETURN 0;
   END IF;
-  v_running := bullmq_compat_running(p_queue, p_gid);
-  WHILE v_running < v_set.concurrency LOOP
+  SELECT count(*)::integer INTO v_running FROM job
+   WHERE queue = p_queue AND opts ? 'group' AND bullmq_compat_gid(opts) = p_gid
+     AND state IN ('waiting', 'active', 'delayed');
+  WHILE v_running < v_concurrency LOOP
     SELECT * INTO v_job FROM job
      WHERE queue = p_queue AND opts ? 'group' AND bullmq_compat_gid(opts) = p_gid
        AND state = 'waiting-children' AND pending_deps = 0
@@ -195,7 +204,7 @@ BEGIN
            AND state = 'waiting-children' AND pending_deps = 0);
       CONTINUE;
     END IF;
-    v_due := bullmq_compat_due(v_job.opts, v_job.added_at_ms, v_job.delay_ms, v_set.ordering_delay_ms);
+    v_due := bullmq_compat_due(v_job.opts, v_job.added_at_ms, v_job.delay_ms, v_ordering_delay_ms);
     v_seq := nextval('job_seq');
     IF v_job.opts ->> 'lifo' = 'true' THEN
       v_seq := -v_seq;
@@ -213,7 +222,14 @@ BEGIN
     v_running := v_running + 1;
     v_released := v_released + 1;
   END LOOP;
-  IF v_released > 0 THEN
+  -- Wake listening workers as upstream's add does, but coalesced as upstream's publish_event
+  -- coalesces its wake-ups: PostgreSQL serialises the commits of every transaction that NOTIFYs
+  -- (one database-wide lock, held through the commit's flush), which would put the finishes of
+  -- all groups single file. Only one releasing transaction of the queue at a time notifies; one
+  -- that skips is concurrent with it, and its released job is claimed by its own worker's fetch
+  -- (upstream's finish-and-fetch runs after this trigger in the same transaction), by the next
+  -- wake-up, or at a listener's block timeout.
+  IF v_released > 0 AND pg_try_advisory_xact_lock(hashtext('bullmq_compat:jobs-notify:' || p_queue)) THEN
     PERFORM pg_notify('bullmq_jobs', p_queue);
   END IF;
   RETURN v_released;
@@ -222,7 +238,6 @@ $$;
 
 CREATE FUNCTION bullmq_compat_release(p_queue text, p_gid text, p_now bigint) RETURNS integer
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
 AS $$
 BEGIN
   PERFORM bullmq_compat_lock_group(p_queue, p_gid);
@@ -238,7 +253,6 @@ CREATE FUNCTION bullmq_compat_may_pass(p_queue text, p_gid text, p_order bigint,
                                        p_concurrency integer)
 RETURNS boolean
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
 AS $$
 BEGIN
   IF p_ordered AND p_ordering_delay_ms > 0 THEN
@@ -328,7 +342,9 @@ BEGIN
     v_row := NEW;
   END IF;
   IF bullmq_compat_gid(v_row.opts) IS NOT NULL THEN
-    PERFORM bullmq_compat_release(v_row.queue, bullmq_compat_gid(v_row.opts), bullmq_compat_now());
+    PERFORM pg_advisory_xact_lock(hashtext('bullmq_compat:group:' || v_row.queue), hashtext(bullmq_compat_gid(v_row.opts)));
+    PERFORM bullmq_compat_release_locked(v_row.queue, bullmq_compat_gid(v_row.opts),
+                                         (extract(epoch FROM clock_timestamp()) * 1000)::bigint);
   END IF;
   RETURN NULL;
 END;
