@@ -131,6 +131,43 @@ def test_cli_migrate_prints_the_version_and_is_a_no_op_the_second_time(postgres_
     assert ledger(postgres_url, pg_schema) == before  # nothing re-applied: same rows, same applied_at
 
 
+def test_cli_migrate_groups_installs_the_gate_info_lists_groups_and_drop_groups_removes_it(
+        postgres_url: str, pg_schema: str) -> None:
+    pg = ["--postgres", postgres_url, "--schema", pg_schema]
+    installed = cli("migrate", *pg, "--groups")
+    assert installed.returncode == 0, installed.stderr
+    assert "version 11 with bullmq-compat's group objects" in installed.stdout, installed.stdout
+    node_ledger = ledger(postgres_url, pg_schema)
+    assert len(node_ledger) == 11  # Node's ledger: ours is a table of its own
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        ours = conn.execute(f'SELECT version, name FROM "{pg_schema}".bullmq_compat_migration').fetchall()
+    assert ours == [(1, "0001_group_gate")]
+    assert cli("migrate", *pg, "--groups").stdout == installed.stdout  # a no-op the second time
+    for i in range(3):
+        added = cli("add", *pg, "--queue", "mail", "--name", "n", "--opts", '{"group": {"id": "user:1"}}')
+        assert added.returncode == 0, added.stderr
+    info = cli("info", *pg, "--queue", "mail")
+    assert info.returncode == 0, info.stderr
+    rows = [line.split() for line in info.stdout.splitlines()]
+    assert ["waiting-children", "2"] in rows and ["waiting", "1"] in rows, info.stdout
+    assert ["user:1", "2", "1", "1"] in rows, info.stdout  # group, held, released, concurrency
+
+    both = cli("migrate", *pg, "--groups", "--drop-groups")
+    assert both.returncode == 2 and "give one" in both.stderr
+    dropped = cli("migrate", *pg, "--drop-groups")
+    assert dropped.returncode == 0, dropped.stderr
+    assert "2 held group jobs released to wait" in dropped.stdout, dropped.stdout
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        left = conn.execute("SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                            "WHERE n.nspname = %s AND c.relname LIKE 'bullmq_compat%%'", [pg_schema]).fetchone()
+        functions = conn.execute("SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+                                 "WHERE n.nspname = %s AND p.proname LIKE 'bullmq_compat%%'", [pg_schema]).fetchone()
+    assert left == (0,) and functions == (0,)
+    assert ledger(postgres_url, pg_schema) == node_ledger
+    after = cli("info", *pg, "--queue", "mail")
+    assert ["waiting", "3"] in [line.split() for line in after.stdout.splitlines()], after.stdout
+
+
 def test_cli_migrate_without_postgres_says_what_it_needs() -> None:
     result = cli("migrate", "--redis", "redis://127.0.0.1:1/0")
     assert result.returncode == 2 and "Traceback" not in result.stderr
