@@ -317,7 +317,9 @@ BEGIN
   END IF;
   PERFORM bullmq_compat_lock_group(NEW.queue, v_gid);
   SELECT * INTO v_set FROM bullmq_compat_group_settings(NEW.queue, v_gid);
-  IF bullmq_compat_may_pass(NEW.queue, v_gid, bullmq_compat_group_order(NEW.opts, NEW.added_at_ms), NEW.seq,
+  -- (its place among equal orders is its seq before the move: our own release, from an API function,
+  -- gives the job a fresh one, and passes here as the group's head)
+  IF bullmq_compat_may_pass(NEW.queue, v_gid, bullmq_compat_group_order(NEW.opts, NEW.added_at_ms), OLD.seq,
                             false, 0, v_set.paused, v_set.concurrency) THEN
     RETURN NEW;
   END IF;
