@@ -30,10 +30,11 @@
 --                                  'waiting-children', as the Redis gate's does.
 -- Each trigger has a WHEN clause on the group option, so ungrouped jobs pay a jsonb key test.
 --
--- Locks. A group is serialised by a transaction-scoped advisory lock (two int4 keys, a space
--- upstream's single-key locks do not use), always taken while the job row that fired the trigger
--- is locked, and before any held row is locked. Nothing that locks a held row waits for a group
--- lock (deleting or changing a held job fires no trigger of ours), so no cycle can form.
+-- Locks. A queue's gate decisions are serialised by a transaction-scoped advisory lock per queue
+-- (two int4 keys, a space upstream's single-key locks do not use; one lock, so transactions that
+-- touch several groups cannot deadlock on it), always taken while the job row that fired the
+-- trigger is locked, and before any held row is locked. Nothing that locks a held row waits for
+-- the gate lock (deleting or changing a held job fires no trigger of ours), so no cycle can form.
 
 CREATE TABLE bullmq_compat_group (
   queue             text    NOT NULL,
@@ -88,10 +89,13 @@ CREATE FUNCTION bullmq_compat_now() RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 AS $$ BEGIN RETURN (extract(epoch FROM clock_timestamp()) * 1000)::bigint; END $$;
 
--- Serialise one group of one queue until the transaction ends.
+-- Serialise the gate decisions of one queue until the transaction ends. One lock per queue, not
+-- per group: a transaction that adds or finishes jobs of several groups (add_bulk, a worker's
+-- batched finishes) takes its locks row by row in an order of its own, and per-group locks would
+-- deadlock two such transactions. (p_gid is kept for the callers' sake.)
 CREATE FUNCTION bullmq_compat_lock_group(p_queue text, p_gid text) RETURNS void
 LANGUAGE plpgsql VOLATILE
-AS $$ BEGIN PERFORM pg_advisory_xact_lock(hashtext('bullmq_compat:group:' || p_queue), hashtext(p_gid)); END $$;
+AS $$ BEGIN PERFORM pg_advisory_xact_lock(hashtext('bullmq_compat:gate'), hashtext(p_queue)); END $$;
 
 -- A group's settings: (concurrency, paused, ordering delay ms).
 -- (Internal helpers have no SET search_path: they run inside our entry points -- the trigger and
@@ -144,12 +148,15 @@ DECLARE
   v_id text;
   v_n integer := 0;
 BEGIN
+  -- only the latest one, so that the job arriving with an earlier order gets one slot
   FOR v_id IN
     SELECT id FROM job
      WHERE queue = p_queue AND opts ? 'group' AND bullmq_compat_gid(opts) = p_gid
        AND state = 'delayed' AND processed_at_ms IS NULL
        AND bullmq_compat_order_ms(opts) IS NOT NULL
        AND bullmq_compat_group_order(opts, added_at_ms) > p_order
+     ORDER BY bullmq_compat_group_order(opts, added_at_ms) DESC, abs(seq) DESC
+     LIMIT 1
      FOR UPDATE SKIP LOCKED
   LOOP
     UPDATE job SET state = 'waiting-children', process_at_ms = NULL WHERE queue = p_queue AND id = v_id;
@@ -255,7 +262,10 @@ RETURNS boolean
 LANGUAGE plpgsql
 AS $$
 BEGIN
-  IF p_ordered AND p_ordering_delay_ms > 0 THEN
+  -- with an ordering delay, a full group gives the slot of its latest not-yet-started job to this
+  -- earlier one
+  IF p_ordered AND p_ordering_delay_ms > 0 AND NOT p_paused
+     AND bullmq_compat_running(p_queue, p_gid) >= p_concurrency THEN
     PERFORM bullmq_compat_reclaim(p_queue, p_gid, p_order);
   END IF;
   IF p_paused OR bullmq_compat_running(p_queue, p_gid) >= p_concurrency THEN
@@ -284,6 +294,12 @@ BEGIN
     RETURN NEW; -- not a group job, or a flow parent (refused by the clients; left to upstream)
   END IF;
   PERFORM bullmq_compat_lock_group(NEW.queue, v_gid);
+  -- upstream's add is INSERT ... ON CONFLICT DO NOTHING, and a BEFORE trigger fires before the
+  -- conflict is found: an id that exists will not be inserted, so the gate must change nothing
+  -- (checked under the lock: a concurrent add of the id has committed by now)
+  IF EXISTS (SELECT 1 FROM job WHERE queue = NEW.queue AND id = NEW.id) THEN
+    RETURN NEW;
+  END IF;
   SELECT * INTO v_set FROM bullmq_compat_group_settings(NEW.queue, v_gid);
   v_order := bullmq_compat_group_order(NEW.opts, NEW.added_at_ms);
   IF NOT bullmq_compat_may_pass(NEW.queue, v_gid, v_order, NEW.seq, bullmq_compat_order_ms(NEW.opts) IS NOT NULL,
@@ -344,7 +360,7 @@ BEGIN
     v_row := NEW;
   END IF;
   IF bullmq_compat_gid(v_row.opts) IS NOT NULL THEN
-    PERFORM pg_advisory_xact_lock(hashtext('bullmq_compat:group:' || v_row.queue), hashtext(bullmq_compat_gid(v_row.opts)));
+    PERFORM pg_advisory_xact_lock(hashtext('bullmq_compat:gate'), hashtext(v_row.queue)); -- bullmq_compat_lock_group
     PERFORM bullmq_compat_release_locked(v_row.queue, bullmq_compat_gid(v_row.opts),
                                          (extract(epoch FROM clock_timestamp()) * 1000)::bigint);
   END IF;
