@@ -166,9 +166,13 @@ def read_run_files(rec_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, 
     ends: list[dict[str, Any]] = []
     for path in sorted(rec_dir.glob("*.jsonl")):
         for line in path.read_text().splitlines():
-            if line.strip():
+            if not line.strip():
+                continue
+            try:
                 entry = json.loads(line)
-                (starts if entry.pop("k") == "start" else ends).append(entry)
+            except ValueError:  # a line cut by a SIGKILL mid-write (write(2) of a short line: not seen)
+                continue
+            (starts if entry.pop("k") == "start" else ends).append(entry)
     starts.sort(key=lambda st: st["t0"])
     ends.sort(key=lambda e: e["t1"])
     return starts, ends

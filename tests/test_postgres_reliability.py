@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import random
 import signal
@@ -44,6 +43,9 @@ from tests.chaos_helpers import (
     stdout_of,
 )
 from tests.group_helpers import Proc
+from tests.pg_group_helpers import final_states as pg_final_states
+from tests.pg_group_helpers import finish_events as pg_finish_events
+from tests.pg_group_helpers import read_run_files
 
 
 # -- helpers ------------------------------------------------------------------------------------------
@@ -54,48 +56,6 @@ def pg_worker(url: str, schema: str, queue: str, rec_dir: Path, *, name: str, co
                 "--concurrency", str(concurrency), "--lock-duration", str(lock_duration),
                 "--stalled-interval", str(stalled_interval), "--max-stalled-count", str(max_stalled_count),
                 "--drain-delay", str(drain_delay), "--name", name)
-
-
-def read_records(rec_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    starts: list[dict[str, Any]] = []
-    ends: list[dict[str, Any]] = []
-    for path in sorted(rec_dir.glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            if not line.strip():
-                continue
-            try:
-                entry = json.loads(line)
-            except ValueError:  # a line cut by a SIGKILL mid-write (write(2) of a short line: not seen)
-                continue
-            (starts if entry.pop("k") == "start" else ends).append(entry)
-    return starts, ends
-
-
-async def pg_final_states(url: str, schema: str, queue: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """id -> {"state", "atm", "returnvalue", "failedReason", "stc", "ats"}, as chaos_helpers.final_states."""
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        cur = await conn.execute(
-            f'SELECT id, state::text, attempts_made, return_value, failed_reason, stalled_count, attempts_started '
-            f'FROM "{schema}".job WHERE queue = %s', [queue])
-        rows = {r[0]: r for r in await cur.fetchall()}
-    out: dict[str, dict[str, Any]] = {}
-    for job_id in ids:
-        r = rows.get(job_id)
-        state = r[1] if r is not None and r[1] in ("completed", "failed") else "unfinished"
-        out[job_id] = {"state": state, "atm": r[2] if r else 0, "returnvalue": r[3] if r else None,
-                       "failedReason": r[4] if r else None, "stc": r[5] if r else 0, "ats": r[6] if r else 0}
-    return out
-
-
-async def pg_finish_events(url: str, schema: str, queue: str) -> dict[str, Counter]:
-    """'completed'/'failed'/'stalled' events per job id, from the queue's whole event table."""
-    counts: dict[str, Counter] = {"completed": Counter(), "failed": Counter(), "stalled": Counter()}
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        cur = await conn.execute(f'SELECT event, data->>\'jobId\' FROM "{schema}".event WHERE queue = %s '
-                                 "AND event IN ('completed', 'failed', 'stalled')", [queue])
-        for event, job_id in await cur.fetchall():
-            counts[event][job_id] += 1
-    return counts
 
 
 async def sessions(url: str, *names: str) -> dict[str, int]:
@@ -178,7 +138,7 @@ async def test_sigkilled_workers_lose_no_job_and_stalled_jobs_come_back(
         for proc in procs + retired:
             await proc.__aexit__(None, None, None)
         await queue.close()
-    starts, ends = read_records(tmp_path)
+    starts, ends = read_run_files(tmp_path)
     states = await pg_final_states(postgres_url, schema, queue_name, plan.ids)
     events = await pg_finish_events(postgres_url, schema, queue_name)
     errors = await worker_errors(procs + retired)
@@ -284,7 +244,7 @@ async def test_a_postgres_restart_mid_run_loses_nothing_and_everyone_listens_aga
                 print(await proc.stderr())
         await events.close()
         await queue.close()
-    starts, ends = read_records(tmp_path)
+    starts, ends = read_run_files(tmp_path)
     starts = [s for s in starts if s["id"] != str(late.id)]
     ends = [e for e in ends if e["id"] != str(late.id)]
     states = await pg_final_states(url, schema, queue_name, plan.ids)
@@ -541,7 +501,7 @@ async def test_sigkilled_workers_never_wedge_a_group_and_no_two_jobs_of_a_group_
         for proc in procs + retired:
             await proc.__aexit__(None, None, None)
         await queue.close()
-    starts, ends = _by_time(*read_records(tmp_path))
+    starts, ends = _by_time(*read_run_files(tmp_path))
     states = await pg_final_states(postgres_url, schema, queue_name, plan.ids)
     events = await pg_finish_events(postgres_url, schema, queue_name)
     figures = check_runs(plan, states, starts, ends, kills, events)
@@ -587,7 +547,7 @@ async def test_a_postgres_restart_mid_run_wedges_no_group_and_loses_no_group_job
         for proc in procs:
             await proc.__aexit__(None, None, None)
         await queue.close()
-    starts, ends = _by_time(*read_records(tmp_path))
+    starts, ends = _by_time(*read_run_files(tmp_path))
     states = await pg_final_states(url, schema, queue_name, plan.ids)
     events = await pg_finish_events(url, schema, queue_name)
     figures = check_runs(plan, states, starts, ends, {}, events, windows=[window])
