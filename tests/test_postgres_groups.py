@@ -639,6 +639,48 @@ async def test_queue_events_report_a_held_add_as_waiting_children_and_its_releas
         await events.close()
 
 
+async def test_plain_jobs_pay_one_key_test_per_trigger_and_held_adds_events_are_rewritten_at_commit(
+        queue: Queue, postgres_url: str, gschema: str) -> None:
+    """Our triggers on `job` test only the group key (a longer WHEN is compiled again on every
+    statement, a plain job's too), none is on `event`; the 'waiting' event of an add the gate held
+    or sent to its ordering window reads 'waiting-children' / 'delayed' (with the due time) once
+    committed, and the note of it is gone."""
+    whens = await sql_rows(postgres_url, """
+        SELECT c.relname, t.tgname, pg_get_triggerdef(t.oid) FROM pg_trigger t
+          JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = %s AND t.tgname LIKE 'bullmq_compat%%' ORDER BY 2""", [gschema])
+    on_job = [(name, definition) for rel, name, definition in whens if rel == "job"]
+    assert len(on_job) == 4 and all(rel in ("job", "bullmq_compat_gated") for rel, _, _ in whens), whens
+    for name, definition in on_job:
+        assert definition.split(" WHEN ")[1].split(" EXECUTE ")[0] in (
+            "((new.opts ? 'group'::text))", "((old.opts ? 'group'::text))"), definition
+    await queue.set_group_options("W", ordering_delay_ms=60_000)
+    head = await add(queue, "G", 0)
+    tail = await add(queue, "G", 1)
+    windowed = await add(queue, "W", 0, order_ms=now_ms())
+    plain = await queue.add("plain", {})
+    events = await sql_rows(postgres_url, f'SELECT event, data FROM "{gschema}".event WHERE queue = %s '
+                                          "AND event IN ('waiting', 'waiting-children', 'delayed') ORDER BY id",
+                            [queue.name])
+    by_job = {str(data["jobId"]): (event, data) for event, data in events}
+    assert [by_job[str(j.id)][0] for j in (head, tail, windowed, plain)] == [
+        "waiting", "waiting-children", "delayed", "waiting"], events
+    assert len(events) == 4, events
+    assert "delay" not in by_job[str(tail.id)][1]
+    due = await sql_rows(postgres_url, f'SELECT process_at_ms FROM "{gschema}".job WHERE queue = %s AND id = %s',
+                         [queue.name, str(windowed.id)])
+    assert by_job[str(windowed.id)][1]["delay"] == due[0][0] >= now_ms() + 50_000
+    assert await sql_rows(postgres_url, f'SELECT * FROM "{gschema}".bullmq_compat_gated') == []
+
+
+async def test_a_schema_missing_one_of_our_triggers_is_installed_again(postgres_url: str, gschema: str) -> None:
+    """(an early build's schema had a trigger on `event` where the deferred one now is)"""
+    await sql_rows(postgres_url, f'DROP TRIGGER bullmq_compat_gated_events ON "{gschema}".bullmq_compat_gated')
+    assert len((await our_objects(postgres_url, gschema))["triggers"]) == 4
+    await migrate_postgres(postgres_url, gschema, groups=True)
+    assert "bullmq_compat_gated_events" in (await our_objects(postgres_url, gschema))["triggers"]
+
+
 # -- the migration ------------------------------------------------------------------------------------
 async def test_installing_twice_is_a_no_op_and_install_refuses_a_schema_node_has_not_migrated(
         postgres_url: str, pg_schema: str) -> None:

@@ -25,10 +25,13 @@
 --   bullmq_compat_release_delete   running states for good frees its slot and the group's next
 --                                  held job is released (NOTIFY as upstream's add) in the same
 --                                  transaction as the finish.
---   bullmq_compat_event_rewrite    BEFORE INSERT on `event`: the 'waiting' event upstream's add
---                                  (or retry) publishes for a job the gate has just held reads
---                                  'waiting-children', as the Redis gate's does.
--- Each trigger has a WHEN clause on the group option, so ungrouped jobs pay a jsonb key test.
+--   bullmq_compat_gated_events     (deferred, on our own bullmq_compat_gated): at commit, the
+--                                  'waiting' event upstream's add (or retry) published for a job
+--                                  the gate held reads 'waiting-children', as the Redis gate's
+--                                  does. No trigger of ours is on `event`.
+-- Each trigger on `job` has one WHEN test, the group option's key (a longer WHEN is compiled again
+-- on every statement and cost ungrouped jobs about 7 us per update): the rest of the test is in the
+-- functions, which only group jobs reach.
 --
 -- Locks. A queue's gate decisions are serialised by a transaction-scoped advisory lock per queue
 -- (two int4 keys, a space upstream's single-key locks do not use; one lock, so transactions that
@@ -51,10 +54,10 @@ CREATE TABLE bullmq_compat_group_queue (
   ordering_delay_ms bigint              -- NULL: 0
 );
 
--- The group id of a job's options (NULL: not a group job).
+-- The group id of a job's options (NULL: not a group job; ->> gives NULL unless "group" is an object).
 CREATE FUNCTION bullmq_compat_gid(p_opts jsonb) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-AS $$ SELECT CASE WHEN jsonb_typeof(p_opts -> 'group') = 'object' THEN p_opts -> 'group' ->> 'id' END $$;
+AS $$ SELECT p_opts -> 'group' ->> 'id' $$;
 
 -- A producer's order (opts.group.orderMs), NULL when it gave none.
 CREATE FUNCTION bullmq_compat_order_ms(p_opts jsonb) RETURNS bigint
@@ -65,16 +68,24 @@ AS $$
 $$;
 
 -- A group job's place in its group: its order_ms, else its add time (ties: add sequence).
--- (self-contained: index expressions must not resolve names through search_path)
+-- (self-contained: index expressions must not resolve names through search_path. PL/pgSQL, so that
+-- the index below holds a call, not the inlined expression: every statement on `job`, a plain
+-- job's too, prepares each index expression and predicate it may have to evaluate)
 CREATE FUNCTION bullmq_compat_group_order(p_opts jsonb, p_added_at_ms bigint) RETURNS bigint
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
-  SELECT CASE WHEN jsonb_typeof(p_opts -> 'group' -> 'orderMs') = 'number'
-              THEN LEAST(GREATEST(floor((p_opts -> 'group' ->> 'orderMs')::numeric), 0), 9e15)::bigint
-              ELSE p_added_at_ms END
+BEGIN
+  IF jsonb_typeof(p_opts -> 'group' -> 'orderMs') = 'number' THEN
+    RETURN LEAST(GREATEST(floor((p_opts -> 'group' ->> 'orderMs')::numeric), 0), 9e15)::bigint;
+  END IF;
+  RETURN p_added_at_ms;
+END;
 $$;
 
--- The group's released jobs (counted per gate decision) and its held jobs in group order.
+-- A group's released jobs (counted per gate decision), and its held jobs in group order. Their
+-- predicates are false for a plain job, so each costs a plain job one jsonb key test per row
+-- written. (The held index repeats upstream's job_waiting_children_idx predicate, so the planner
+-- weighs the two on their columns alone: a wider predicate had it scan all of a queue's held jobs.)
 CREATE INDEX bullmq_compat_group_running_idx
   ON job (queue, bullmq_compat_gid(opts))
   WHERE opts ? 'group' AND state IN ('waiting', 'active', 'delayed');
@@ -306,14 +317,14 @@ BEGIN
                                 v_set.ordering_delay_ms, v_set.paused, v_set.concurrency) THEN
     NEW.state := 'waiting-children';
     NEW.process_at_ms := NULL;
-    PERFORM set_config('bullmq_compat.gated', '1', true);
+    PERFORM bullmq_compat_note_gated(NEW.queue, NEW.id);
     RETURN NEW;
   END IF;
   v_due := bullmq_compat_due(NEW.opts, NEW.added_at_ms, NEW.delay_ms, v_set.ordering_delay_ms);
   IF v_due > bullmq_compat_now() AND v_due > COALESCE(NEW.process_at_ms, 0) THEN
     NEW.state := 'delayed'; -- its ordering window
     NEW.process_at_ms := v_due;
-    PERFORM set_config('bullmq_compat.gated', '1', true);
+    PERFORM bullmq_compat_note_gated(NEW.queue, NEW.id);
   END IF;
   RETURN NEW;
 END;
@@ -328,8 +339,9 @@ DECLARE
   v_gid text := bullmq_compat_gid(NEW.opts);
   v_set record;
 BEGIN
-  IF v_gid IS NULL THEN
-    RETURN NEW;
+  IF v_gid IS NULL OR OLD.state NOT IN ('completed', 'failed', 'waiting-children')
+     OR NEW.state NOT IN ('waiting', 'delayed') OR pg_trigger_depth() > 1 THEN
+    RETURN NEW; -- not an arrival, or our own release (a statement run by a trigger of ours)
   END IF;
   PERFORM bullmq_compat_lock_group(NEW.queue, v_gid);
   SELECT * INTO v_set FROM bullmq_compat_group_settings(NEW.queue, v_gid);
@@ -341,7 +353,7 @@ BEGIN
   END IF;
   NEW.state := 'waiting-children';
   NEW.process_at_ms := NULL;
-  PERFORM set_config('bullmq_compat.gated', '1', true);
+  PERFORM bullmq_compat_note_gated(NEW.queue, NEW.id);
   RETURN NEW;
 END;
 $$;
@@ -354,10 +366,15 @@ AS $$
 DECLARE
   v_row job;
 BEGIN
+  IF pg_trigger_depth() > 1 OR OLD.state NOT IN ('waiting', 'active', 'delayed') THEN
+    RETURN NULL; -- our own release, or a job that was not running
+  END IF;
   IF TG_OP = 'DELETE' THEN
     v_row := OLD;
-  ELSE
+  ELSIF NEW.state IN ('completed', 'failed', 'waiting-children') THEN
     v_row := NEW;
+  ELSE
+    RETURN NULL; -- still running (active, back to wait, delayed)
   END IF;
   IF bullmq_compat_gid(v_row.opts) IS NOT NULL THEN
     PERFORM pg_advisory_xact_lock(hashtext('bullmq_compat:gate'), hashtext(v_row.queue)); -- bullmq_compat_lock_group
@@ -368,10 +385,29 @@ BEGIN
 END;
 $$;
 
--- BEFORE INSERT on event, in a transaction where the gate changed a job's state: an add's (or a
--- retry's) 'waiting' event for a job now held says 'waiting-children'; for a job the gate sent to
--- delayed (its ordering window), 'delayed' with its due time.
-CREATE FUNCTION bullmq_compat_event_rewrite() RETURNS trigger
+-- The jobs the gate held (or sent to delayed) in the running transaction, with the event id
+-- upstream's events about them will be above. Unlogged: a row lives only until its commit.
+CREATE UNLOGGED TABLE bullmq_compat_gated (
+  queue  text   NOT NULL,
+  job_id text   NOT NULL,
+  mark   bigint NOT NULL
+);
+CREATE INDEX bullmq_compat_gated_job_idx ON bullmq_compat_gated (queue, job_id);
+
+CREATE FUNCTION bullmq_compat_note_gated(p_queue text, p_id text) RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+  -- (event ids handed out from now on are at least the sequence's last value)
+  INSERT INTO bullmq_compat_gated (queue, job_id, mark) SELECT p_queue, p_id, last_value FROM event_seq;
+END;
+$$;
+
+-- At commit (a deferred constraint trigger on bullmq_compat_gated): an add's (or a retry's) 'waiting'
+-- event, published by upstream's function after the gate held the job, says 'waiting-children';
+-- for a job the gate sent to delayed (its ordering window), 'delayed' with its due time.
+CREATE FUNCTION bullmq_compat_gated_events() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
@@ -380,15 +416,18 @@ DECLARE
   v_due bigint;
 BEGIN
   SELECT state, process_at_ms INTO v_state, v_due FROM job
-   WHERE queue = NEW.queue AND id = NEW.data ->> 'jobId' AND opts ? 'group';
+   WHERE queue = NEW.queue AND id = NEW.job_id AND opts ? 'group';
   IF v_state = 'waiting-children' THEN
-    NEW.event := 'waiting-children';
-    NEW.data := NEW.data - 'delay';
-  ELSIF v_state = 'delayed' AND NEW.event = 'waiting' THEN
-    NEW.event := 'delayed';
-    NEW.data := jsonb_build_object('jobId', NEW.data ->> 'jobId', 'delay', v_due);
+    UPDATE event SET event = 'waiting-children', data = data - 'delay'
+     WHERE queue = NEW.queue AND id >= NEW.mark AND event IN ('waiting', 'delayed')
+       AND data ->> 'jobId' = NEW.job_id AND xmin = pg_current_xact_id()::xid;
+  ELSIF v_state = 'delayed' THEN
+    UPDATE event SET event = 'delayed', data = jsonb_build_object('jobId', NEW.job_id, 'delay', v_due)
+     WHERE queue = NEW.queue AND id >= NEW.mark AND event = 'waiting'
+       AND data ->> 'jobId' = NEW.job_id AND xmin = pg_current_xact_id()::xid;
   END IF;
-  RETURN NEW;
+  DELETE FROM bullmq_compat_gated WHERE queue = NEW.queue AND job_id = NEW.job_id;
+  RETURN NULL;
 END;
 $$;
 
@@ -399,25 +438,22 @@ CREATE TRIGGER bullmq_compat_gate_insert
 
 CREATE TRIGGER bullmq_compat_gate_arrival
   BEFORE UPDATE OF state ON job
-  FOR EACH ROW WHEN (NEW.opts ? 'group' AND OLD.state IN ('completed', 'failed', 'waiting-children')
-                     AND NEW.state IN ('waiting', 'delayed') AND pg_trigger_depth() < 1)
+  FOR EACH ROW WHEN (NEW.opts ? 'group')
   EXECUTE FUNCTION bullmq_compat_gate_arrival();
 
 CREATE TRIGGER bullmq_compat_release_update
   AFTER UPDATE OF state ON job
-  FOR EACH ROW WHEN (NEW.opts ? 'group' AND OLD.state IN ('waiting', 'active', 'delayed')
-                     AND NEW.state IN ('completed', 'failed', 'waiting-children') AND pg_trigger_depth() < 1)
+  FOR EACH ROW WHEN (NEW.opts ? 'group')
   EXECUTE FUNCTION bullmq_compat_release_trigger();
 
 CREATE TRIGGER bullmq_compat_release_delete
   AFTER DELETE ON job
-  FOR EACH ROW WHEN (OLD.opts ? 'group' AND OLD.state IN ('waiting', 'active', 'delayed') AND pg_trigger_depth() < 1)
+  FOR EACH ROW WHEN (OLD.opts ? 'group')
   EXECUTE FUNCTION bullmq_compat_release_trigger();
 
-CREATE TRIGGER bullmq_compat_event_rewrite
-  BEFORE INSERT ON event
-  FOR EACH ROW WHEN (NEW.event IN ('waiting', 'delayed') AND current_setting('bullmq_compat.gated', true) = '1')
-  EXECUTE FUNCTION bullmq_compat_event_rewrite();
+CREATE CONSTRAINT TRIGGER bullmq_compat_gated_events
+  AFTER INSERT ON bullmq_compat_gated DEFERRABLE INITIALLY DEFERRED
+  FOR EACH ROW EXECUTE FUNCTION bullmq_compat_gated_events();
 
 -- ── The group API (Queue's methods; bullmq_compat/_backends/postgres/groups.py) ──────────────
 

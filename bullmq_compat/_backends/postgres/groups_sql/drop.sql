@@ -6,7 +6,7 @@ DROP TRIGGER IF EXISTS bullmq_compat_gate_insert ON job;
 DROP TRIGGER IF EXISTS bullmq_compat_gate_arrival ON job;
 DROP TRIGGER IF EXISTS bullmq_compat_release_update ON job;
 DROP TRIGGER IF EXISTS bullmq_compat_release_delete ON job;
-DROP TRIGGER IF EXISTS bullmq_compat_event_rewrite ON event;
+DROP TRIGGER IF EXISTS bullmq_compat_event_rewrite ON event; -- (an early build's, replaced by bullmq_compat_gated)
 DO $$
 DECLARE
   v_queue text;
@@ -33,6 +33,9 @@ DROP FUNCTION IF EXISTS bullmq_compat_gate_insert();
 DROP FUNCTION IF EXISTS bullmq_compat_gate_arrival();
 DROP FUNCTION IF EXISTS bullmq_compat_release_trigger();
 DROP FUNCTION IF EXISTS bullmq_compat_event_rewrite();
+DROP TABLE IF EXISTS bullmq_compat_gated;
+DROP FUNCTION IF EXISTS bullmq_compat_gated_events();
+DROP FUNCTION IF EXISTS bullmq_compat_note_gated(text, text);
 DROP FUNCTION IF EXISTS bullmq_compat_set_group(text, text, text, bigint, bigint);
 DROP FUNCTION IF EXISTS bullmq_compat_delete_group_jobs(text, text);
 DROP FUNCTION IF EXISTS bullmq_compat_list_groups(text);
