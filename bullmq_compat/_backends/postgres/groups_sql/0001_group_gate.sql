@@ -388,11 +388,12 @@ $$;
 -- The jobs the gate held (or sent to delayed) in the running transaction, with the event id
 -- upstream's events about them will be above. Unlogged: a row lives only until its commit.
 CREATE UNLOGGED TABLE bullmq_compat_gated (
+  txid   xid8   NOT NULL DEFAULT pg_current_xact_id(),
   queue  text   NOT NULL,
   job_id text   NOT NULL,
   mark   bigint NOT NULL
 );
-CREATE INDEX bullmq_compat_gated_job_idx ON bullmq_compat_gated (queue, job_id);
+CREATE INDEX bullmq_compat_gated_txid_idx ON bullmq_compat_gated (txid);
 
 CREATE FUNCTION bullmq_compat_note_gated(p_queue text, p_id text) RETURNS void
 LANGUAGE plpgsql
@@ -404,29 +405,53 @@ BEGIN
 END;
 $$;
 
--- At commit (a deferred constraint trigger on bullmq_compat_gated): an add's (or a retry's) 'waiting'
--- event, published by upstream's function after the gate held the job, says 'waiting-children';
--- for a job the gate sent to delayed (its ordering window), 'delayed' with its due time.
+-- At commit (a deferred constraint trigger on bullmq_compat_gated; the first of the transaction's
+-- notes does them all, in one pass over the transaction's events): an add's (or a retry's)
+-- 'waiting' event, published by upstream's function after the gate held the job, says
+-- 'waiting-children'; for a job the gate sent to delayed (its ordering window), 'delayed' with its
+-- due time.
 CREATE FUNCTION bullmq_compat_gated_events() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 DECLARE
+  r record;
   v_state job_state;
   v_due bigint;
+  v_queues text[] := '{}';
+  v_ids text[] := '{}';
+  v_held jsonb[] := '{}';
+  v_marks bigint[] := '{}';
+  v_queue text;
+  v_mark bigint;
+  v_map jsonb;
 BEGIN
-  SELECT state, process_at_ms INTO v_state, v_due FROM job
-   WHERE queue = NEW.queue AND id = NEW.job_id AND opts ? 'group';
-  IF v_state = 'waiting-children' THEN
-    UPDATE event SET event = 'waiting-children', data = data - 'delay'
-     WHERE queue = NEW.queue AND id >= NEW.mark AND event IN ('waiting', 'delayed')
-       AND data ->> 'jobId' = NEW.job_id AND xmin = pg_current_xact_id()::xid;
-  ELSIF v_state = 'delayed' THEN
-    UPDATE event SET event = 'delayed', data = jsonb_build_object('jobId', NEW.job_id, 'delay', v_due)
-     WHERE queue = NEW.queue AND id >= NEW.mark AND event = 'waiting'
-       AND data ->> 'jobId' = NEW.job_id AND xmin = pg_current_xact_id()::xid;
+  IF current_setting('bullmq_compat.gated_done', true) = '1' THEN
+    RETURN NULL; -- (a setting of this transaction only)
   END IF;
-  DELETE FROM bullmq_compat_gated WHERE queue = NEW.queue AND job_id = NEW.job_id;
+  PERFORM set_config('bullmq_compat.gated_done', '1', true);
+  -- (one lookup per note by primary key, then one pass over the transaction's events: no join
+  -- left to the planner, whose estimates for these fresh rows are far off)
+  FOR r IN DELETE FROM bullmq_compat_gated WHERE txid = pg_current_xact_id() RETURNING queue, job_id, mark LOOP
+    SELECT state, process_at_ms INTO v_state, v_due FROM job
+     WHERE queue = r.queue AND id = r.job_id AND opts ? 'group';
+    IF v_state IN ('waiting-children', 'delayed') THEN
+      v_queues := v_queues || r.queue;
+      v_ids := v_ids || r.job_id;
+      v_held := v_held || jsonb_build_array(v_state, v_due);
+      v_marks := v_marks || r.mark;
+    END IF;
+  END LOOP;
+  FOR v_queue, v_mark IN SELECT q, min(m) FROM unnest(v_queues, v_marks) AS t(q, m) GROUP BY q LOOP
+    SELECT jsonb_object_agg(i, h) INTO v_map FROM unnest(v_queues, v_ids, v_held) AS t(q, i, h) WHERE q = v_queue;
+    UPDATE event
+       SET event = v_map -> (data ->> 'jobId') ->> 0,
+           data = CASE WHEN v_map -> (data ->> 'jobId') ->> 0 = 'waiting-children' THEN data - 'delay'
+                       ELSE jsonb_build_object('jobId', data ->> 'jobId', 'delay', v_map -> (data ->> 'jobId') -> 1) END
+     WHERE queue = v_queue AND id >= v_mark AND xmin = pg_current_xact_id()::xid
+       AND event IN ('waiting', 'delayed') AND v_map ? (data ->> 'jobId')
+       AND (event = 'waiting' OR v_map -> (data ->> 'jobId') ->> 0 = 'waiting-children');
+  END LOOP;
   RETURN NULL;
 END;
 $$;
