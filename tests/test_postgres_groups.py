@@ -188,6 +188,79 @@ async def test_group_concurrency_three_runs_at_most_three_at_once_and_does_run_s
     assert await queue.get_groups() == []
 
 
+async def _gate_session(postgres_url: str, schema: str, mode: str = "") -> Any:
+    """A session in a transaction on ``schema``, in gate mode ``mode`` ("group", "queue"; "": as its
+    statements decide)."""
+    import psycopg
+
+    conn = await psycopg.AsyncConnection.connect(postgres_url, autocommit=True)
+    await conn.execute(f'SET search_path TO "{schema}"')
+    await conn.execute("BEGIN")
+    if mode:
+        await conn.execute("SELECT set_config('bullmq_compat.gate_mode', %s, true)", [mode])
+    return conn
+
+
+async def _waiting_for_a_lock(postgres_url: str, conn: Any) -> bool:
+    pid = conn.info.backend_pid
+    rows = await sql_rows(postgres_url, "SELECT count(*) FROM pg_locks WHERE pid = %s AND NOT granted", [pid])
+    return bool(rows[0][0])
+
+
+async def test_group_locks_are_waited_for_in_one_order_and_a_lock_out_of_order_fails_at_once(
+        postgres_url: str, gschema: str) -> None:
+    """Finishes of different groups take per-group locks (they commit in parallel); a transaction
+    waits only for a group after every group it holds, in (queue, group id) byte order; one out of
+    order is only tried, and a busy one fails at once with SQLSTATE 40P01 rather than waiting (our
+    client then runs its batch's calls one by one), so no cycle of waits can form."""
+    import psycopg
+
+    one = await _gate_session(postgres_url, gschema, "group")
+    two = await _gate_session(postgres_url, gschema, "group")
+    try:
+        await one.execute("SELECT bullmq_compat_lock_group('q', 'b')")
+        await asyncio.wait_for(two.execute("SELECT bullmq_compat_lock_group('q', 'a')"), 10)  # another group: no wait
+        waiter = asyncio.ensure_future(two.execute("SELECT bullmq_compat_lock_group('q', 'b')"))  # in order: waits
+        await wait_for(lambda: _waiting_for_a_lock(postgres_url, two), 30, "the in-order lock to wait")
+        assert not waiter.done()
+        started = time.monotonic()
+        with pytest.raises(psycopg.errors.DeadlockDetected, match="'a' of queue 'q' is busy and comes before"):
+            await one.execute("SELECT bullmq_compat_lock_group('q', 'a')")  # out of order, busy: fails
+        assert time.monotonic() - started < 0.9  # (PostgreSQL's own detection would wait deadlock_timeout, 1 s)
+        await one.execute("ROLLBACK")
+        await asyncio.wait_for(waiter, 30)  # the waiter goes on
+        await two.execute("SELECT bullmq_compat_lock_group('q', 'a')")  # held already: out of order is fine
+    finally:
+        await one.close()
+        await two.close()
+
+
+async def test_a_statement_of_several_jobs_takes_the_queues_whole_gate(postgres_url: str, gschema: str) -> None:
+    """A statement that is not one of upstream's one-job calls (add_jobs_bulk, retry_jobs, drain, ours)
+    waits for every group decision of the queue to commit, and then holds the queue's gate."""
+    assert (await sql_rows(postgres_url, f'SELECT "{gschema}".bullmq_compat_one_job_statement()'))[0][0] is False
+    assert (await sql_rows(postgres_url, f'SELECT "{gschema}".bullmq_compat_one_job_statement() '
+                                         "-- as if it were SELECT add_job(...)"))[0][0] is True
+    finisher = await _gate_session(postgres_url, gschema, "group")
+    bulk = await _gate_session(postgres_url, gschema)
+    other = await _gate_session(postgres_url, gschema, "group")
+    try:
+        await finisher.execute("SELECT bullmq_compat_lock_group('q', 'a')")
+        waiter = asyncio.ensure_future(bulk.execute("SELECT bullmq_compat_lock_group('q', 'z')"))
+        await wait_for(lambda: _waiting_for_a_lock(postgres_url, bulk), 30, "the whole gate to wait")
+        await finisher.execute("COMMIT")
+        await asyncio.wait_for(waiter, 30)
+        assert (await (await bulk.execute("SELECT current_setting('bullmq_compat.gate_mode')")).fetchone()) == (
+            "queue",)
+        blocked = asyncio.ensure_future(other.execute("SELECT bullmq_compat_lock_group('q', 'b')"))
+        await wait_for(lambda: _waiting_for_a_lock(postgres_url, other), 30, "a group decision to wait")
+        await bulk.execute("COMMIT")
+        await asyncio.wait_for(blocked, 30)
+    finally:
+        for conn in (finisher, bulk, other):
+            await conn.close()
+
+
 async def test_bulk_adds_of_group_jobs_do_not_deadlock_with_each_other(pg: dict[str, Any], queue_name: str) -> None:
     """Two producers add_bulk jobs of the same two groups at the same moment, in opposite orders
     (two services adding for the same users): both adds go through, and each group has one job

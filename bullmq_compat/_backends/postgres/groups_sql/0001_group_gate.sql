@@ -100,13 +100,67 @@ CREATE FUNCTION bullmq_compat_now() RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 AS $$ BEGIN RETURN (extract(epoch FROM clock_timestamp()) * 1000)::bigint; END $$;
 
--- Serialise the gate decisions of one queue until the transaction ends. One lock per queue, not
--- per group: a transaction that adds or finishes jobs of several groups (add_bulk, a worker's
--- batched finishes) takes its locks row by row in an order of its own, and per-group locks would
--- deadlock two such transactions. (p_gid is kept for the callers' sake.)
+-- Is the running top-level statement one of upstream's calls that change one job (an add, a
+-- finish, a retry)? Such a statement takes the gate per group; any other (add_jobs_bulk, add_flow,
+-- retry_jobs, drain, clean, obliterate, our API functions, a statement of the application's own)
+-- takes the queue's whole gate.
+CREATE FUNCTION bullmq_compat_one_job_statement() RETURNS boolean
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+  q text := current_query();
+BEGIN
+  -- (each of these calls is in upstream's command of that name only; a search for a fixed string,
+  -- not a regular expression, which cost about 40 us over a command's comment lines)
+  RETURN strpos(q, 'SELECT add_job(') > 0 OR strpos(q, 'FROM move_to_completed_fetch(') > 0
+      OR strpos(q, 'SELECT move_to_completed(') > 0 OR strpos(q, 'FROM move_to_failed_fetch(') > 0
+      OR strpos(q, 'SELECT move_to_failed(') > 0 OR strpos(q, 'SELECT retry_job(') > 0
+      OR strpos(q, 'SELECT move_to_delayed(') > 0 OR strpos(q, 'SELECT move_active_to_wait(') > 0
+      OR strpos(q, 'SELECT reprocess_job(') > 0;
+END;
+$$;
+
+-- Take the gate for a decision about group p_gid of p_queue, until the transaction ends.
+--   A one-job statement (and each statement of a transaction whose first gate decision was one):
+--   the queue's gate shared, then the group's lock. Locks are waited for in one order only, by
+--   (queue, group id) as bytes: a lock that would come before one this transaction holds is only
+--   tried, and when it is busy the statement fails with deadlock_detected (SQLSTATE 40P01, before
+--   any wait: our client then runs the calls of its batch one by one). So different groups'
+--   finishes commit in parallel, and no cycle of waits can form.
+--   Any other statement: the queue's gate exclusively, which waits for every group decision of the
+--   queue to commit and then needs no group lock (add_bulk and batched retries touch groups in an
+--   order of their own).
 CREATE FUNCTION bullmq_compat_lock_group(p_queue text, p_gid text) RETURNS void
 LANGUAGE plpgsql VOLATILE
-AS $$ BEGIN PERFORM pg_advisory_xact_lock(hashtext('bullmq_compat:gate'), hashtext(p_queue)); END $$;
+AS $$
+DECLARE
+  v_mode text := current_setting('bullmq_compat.gate_mode', true);
+  v_key text;
+  v_last text;
+BEGIN
+  IF v_mode IS NULL OR v_mode = '' THEN
+    v_mode := CASE WHEN bullmq_compat_one_job_statement() THEN 'group' ELSE 'queue' END;
+    PERFORM set_config('bullmq_compat.gate_mode', v_mode, true);
+  END IF;
+  IF v_mode = 'queue' THEN
+    PERFORM pg_advisory_xact_lock(hashtext('bullmq_compat:gate'), hashtext(p_queue));
+    RETURN;
+  END IF;
+  v_key := p_queue || chr(1) || COALESCE(p_gid, '');
+  v_last := COALESCE(current_setting('bullmq_compat.gate_last', true), '');
+  IF v_key COLLATE "C" > v_last COLLATE "C" THEN
+    PERFORM pg_advisory_xact_lock_shared(hashtext('bullmq_compat:gate'), hashtext(p_queue));
+    PERFORM pg_advisory_xact_lock(hashtext('bullmq_compat:group:' || p_queue), hashtext(COALESCE(p_gid, '')));
+    PERFORM set_config('bullmq_compat.gate_last', v_key, true);
+  ELSIF NOT (pg_try_advisory_xact_lock_shared(hashtext('bullmq_compat:gate'), hashtext(p_queue))
+             AND pg_try_advisory_xact_lock(hashtext('bullmq_compat:group:' || p_queue), hashtext(COALESCE(p_gid, '')))) THEN
+    RAISE EXCEPTION 'bullmq-compat group gate: group % of queue % is busy and comes before a group this transaction holds',
+                    quote_literal(COALESCE(p_gid, '')), quote_literal(p_queue)
+      USING ERRCODE = 'deadlock_detected',
+            HINT = 'run the calls one per transaction (bullmq-compat does so by itself)';
+  END IF;
+END;
+$$;
 
 -- A group's settings: (concurrency, paused, ordering delay ms).
 -- (Internal helpers have no SET search_path: they run inside our entry points -- the trigger and
@@ -377,7 +431,7 @@ BEGIN
     RETURN NULL; -- still running (active, back to wait, delayed)
   END IF;
   IF bullmq_compat_gid(v_row.opts) IS NOT NULL THEN
-    PERFORM pg_advisory_xact_lock(hashtext('bullmq_compat:gate'), hashtext(v_row.queue)); -- bullmq_compat_lock_group
+    PERFORM bullmq_compat_lock_group(v_row.queue, bullmq_compat_gid(v_row.opts));
     PERFORM bullmq_compat_release_locked(v_row.queue, bullmq_compat_gid(v_row.opts),
                                          (extract(epoch FROM clock_timestamp()) * 1000)::bigint);
   END IF;

@@ -49,6 +49,7 @@ DROP FUNCTION IF EXISTS bullmq_compat_due(jsonb, bigint, bigint, bigint);
 DROP FUNCTION IF EXISTS bullmq_compat_running(text, text);
 DROP FUNCTION IF EXISTS bullmq_compat_group_settings(text, text);
 DROP FUNCTION IF EXISTS bullmq_compat_lock_group(text, text);
+DROP FUNCTION IF EXISTS bullmq_compat_one_job_statement();
 DROP FUNCTION IF EXISTS bullmq_compat_now();
 DROP FUNCTION IF EXISTS bullmq_compat_group_order(jsonb, bigint);
 DROP FUNCTION IF EXISTS bullmq_compat_order_ms(jsonb);
