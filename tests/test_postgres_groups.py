@@ -723,7 +723,7 @@ async def test_plain_jobs_pay_one_key_test_per_trigger_and_held_adds_events_are_
           JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
          WHERE n.nspname = %s AND t.tgname LIKE 'bullmq_compat%%' ORDER BY 2""", [gschema])
     on_job = [(name, definition) for rel, name, definition in whens if rel == "job"]
-    assert len(on_job) == 4 and all(rel in ("job", "bullmq_compat_gated") for rel, _, _ in whens), whens
+    assert len(on_job) == 3 and all(rel in ("job", "bullmq_compat_gated") for rel, _, _ in whens), whens
     for name, definition in on_job:
         assert definition.split(" WHEN ")[1].split(" EXECUTE ")[0] in (
             "((new.opts ? 'group'::text))", "((old.opts ? 'group'::text))"), definition
@@ -749,7 +749,7 @@ async def test_plain_jobs_pay_one_key_test_per_trigger_and_held_adds_events_are_
 async def test_a_schema_missing_one_of_our_triggers_is_installed_again(postgres_url: str, gschema: str) -> None:
     """(an early build's schema had a trigger on `event` where the deferred one now is)"""
     await sql_rows(postgres_url, f'DROP TRIGGER bullmq_compat_gated_events ON "{gschema}".bullmq_compat_gated')
-    assert len((await our_objects(postgres_url, gschema))["triggers"]) == 4
+    assert len((await our_objects(postgres_url, gschema))["triggers"]) == 3
     await migrate_postgres(postgres_url, gschema, groups=True)
     assert "bullmq_compat_gated_events" in (await our_objects(postgres_url, gschema))["triggers"]
 
@@ -772,7 +772,7 @@ async def test_installing_twice_is_a_no_op_and_install_refuses_a_schema_node_has
 
     assert await migrate_postgres(postgres_url, pg_schema, groups=True) == 11
     ours = await our_objects(postgres_url, pg_schema)
-    assert len(ours["triggers"]) == 5 and "bullmq_compat_group" in ours["relations"]
+    assert len(ours["triggers"]) == 4 and "bullmq_compat_group" in ours["relations"]
     assert "bullmq_compat_take_group_jobs" in ours["functions"]
     before = await all_objects(postgres_url, pg_schema)
     ledger = await sql_rows(postgres_url, f'SELECT version, name, applied_at FROM "{pg_schema}".bullmq_compat_migration')

@@ -32,9 +32,9 @@ SQL_DIR = Path(__file__).resolve().parent / "groups_sql"
 #: our migrations' advisory lock ("BQCG"), per schema; Node's is 0x42554c4c ("BULL")
 GROUPS_ADVISORY_LOCK_KEY = 0x42514347
 #: the triggers version 1 installs: a schema missing one (say, Node rebuilt ``job``, or an early
-#: build's trigger on ``event`` stands in for the last) is repaired
-TRIGGERS = ("bullmq_compat_gate_insert", "bullmq_compat_gate_arrival", "bullmq_compat_release_update",
-            "bullmq_compat_release_delete", "bullmq_compat_gated_events")
+#: build's triggers stand in for these) is repaired
+TRIGGERS = ("bullmq_compat_gate_insert", "bullmq_compat_gate_update", "bullmq_compat_release_delete",
+            "bullmq_compat_gated_events")
 _MIGRATION_FILE = re.compile(r"(\d{4})_[a-z0-9_]+\.sql\Z")
 
 

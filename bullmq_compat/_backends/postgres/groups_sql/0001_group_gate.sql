@@ -17,14 +17,15 @@
 -- worker, Bull-Board):
 --   bullmq_compat_gate_insert      BEFORE INSERT: a new group job with no free slot, or with
 --                                  held jobs ahead of it, is held instead of added to wait.
---   bullmq_compat_gate_arrival     BEFORE UPDATE: a done or held group job moved to wait/delayed
---                                  by someone else than the gate (Node's job.retry(),
+--   bullmq_compat_gate_update      BEFORE UPDATE: a released job that leaves the running states
+--                                  for good frees its slot, and the group's next held job is
+--                                  released (NOTIFY as upstream's add) in the same transaction as
+--                                  the finish; a done or held group job moved to wait/delayed by
+--                                  someone else than the gate (Node's job.retry(),
 --                                  queue.retryJobs(), Bull-Board's Retry) goes back behind the
---                                  gate when its group has no free slot.
---   bullmq_compat_release_update   AFTER UPDATE / AFTER DELETE: a released job that leaves the
---   bullmq_compat_release_delete   running states for good frees its slot and the group's next
---                                  held job is released (NOTIFY as upstream's add) in the same
---                                  transaction as the finish.
+--                                  gate when its group has no free slot. (One trigger for both:
+--                                  each trigger on `job` costs every UPDATE of any job.)
+--   bullmq_compat_release_delete   AFTER DELETE: a released job removed frees its slot likewise.
 --   bullmq_compat_gated_events     (deferred, on our own bullmq_compat_gated): at commit, the
 --                                  'waiting' event upstream's add (or retry) published for a job
 --                                  the gate held reads 'waiting-children', as the Redis gate's
@@ -234,7 +235,8 @@ $$;
 
 -- Release the group's next held jobs while it has free slots; returns how many were released.
 -- The caller holds the group lock.
-CREATE FUNCTION bullmq_compat_release_locked(p_queue text, p_gid text, p_now bigint) RETURNS integer
+CREATE FUNCTION bullmq_compat_release_locked(p_queue text, p_gid text, p_now bigint, p_leaving integer DEFAULT 0)
+RETURNS integer
 LANGUAGE plpgsql
 AS $$
 DECLARE
@@ -242,7 +244,7 @@ DECLARE
   v_paused boolean;
   v_ordering_delay_ms bigint;
   v_running integer;
-  v_job job;
+  v_job record;
   v_due bigint;
   v_seq bigint;
   v_released integer := 0;
@@ -258,36 +260,35 @@ BEGIN
   IF v_paused THEN
     RETURN 0;
   END IF;
-  SELECT count(*)::integer INTO v_running FROM job
+  -- (p_leaving: the finishing job, still counted, from the BEFORE UPDATE trigger)
+  SELECT count(*)::integer - p_leaving INTO v_running FROM job
    WHERE queue = p_queue AND opts ? 'group' AND bullmq_compat_gid(opts) = p_gid
      AND state IN ('waiting', 'active', 'delayed');
   WHILE v_running < v_concurrency LOOP
-    SELECT * INTO v_job FROM job
+    -- (not FOR UPDATE, which writes the row once more: the UPDATE below finds this very version by
+    -- its ctid, and a head someone removed or changed meanwhile is not found, and looked for again)
+    SELECT ctid AS head_ctid, id, opts, added_at_ms, delay_ms INTO v_job FROM job
      WHERE queue = p_queue AND opts ? 'group' AND bullmq_compat_gid(opts) = p_gid
        AND state = 'waiting-children' AND pending_deps = 0
      ORDER BY bullmq_compat_group_order(opts, added_at_ms), abs(seq)
-     LIMIT 1
-     FOR UPDATE;
-    IF NOT FOUND THEN
-      -- (a head removed while we waited for its lock yields no row: look again, a few times)
-      v_misses := v_misses + 1;
-      EXIT WHEN v_misses > 3 OR NOT EXISTS (
-        SELECT 1 FROM job WHERE queue = p_queue AND opts ? 'group' AND bullmq_compat_gid(opts) = p_gid
-           AND state = 'waiting-children' AND pending_deps = 0);
-      CONTINUE;
-    END IF;
+     LIMIT 1;
+    EXIT WHEN NOT FOUND;
     v_due := bullmq_compat_due(v_job.opts, v_job.added_at_ms, v_job.delay_ms, v_ordering_delay_ms);
     v_seq := nextval('job_seq');
     IF v_job.opts ->> 'lifo' = 'true' THEN
       v_seq := -v_seq;
     END IF;
+    UPDATE job SET state = CASE WHEN v_due > p_now THEN 'delayed'::job_state ELSE 'waiting'::job_state END,
+                   process_at_ms = CASE WHEN v_due > p_now THEN v_due END, seq = v_seq
+     WHERE ctid = v_job.head_ctid AND state = 'waiting-children' AND pending_deps = 0;
+    IF NOT FOUND THEN -- (removed or changed meanwhile: look again, a few times)
+      v_misses := v_misses + 1;
+      EXIT WHEN v_misses > 3;
+      CONTINUE;
+    END IF;
     IF v_due > p_now THEN
-      UPDATE job SET state = 'delayed', process_at_ms = v_due, seq = v_seq
-       WHERE queue = p_queue AND id = v_job.id;
       PERFORM publish_event(p_queue, 'delayed', jsonb_build_object('jobId', v_job.id, 'delay', v_due));
     ELSE
-      UPDATE job SET state = 'waiting', process_at_ms = NULL, seq = v_seq
-       WHERE queue = p_queue AND id = v_job.id;
       PERFORM publish_event(p_queue, 'waiting',
         jsonb_build_object('jobId', v_job.id, 'prev', 'waiting-children'));
     END IF;
@@ -384,8 +385,9 @@ BEGIN
 END;
 $$;
 
--- BEFORE UPDATE OF state: a done or held group job moved to wait/delayed by an upstream function.
-CREATE FUNCTION bullmq_compat_gate_arrival() RETURNS trigger
+-- BEFORE UPDATE OF state: a released group job whose turn ends, or a done or held group job moved
+-- to wait/delayed by an upstream function.
+CREATE FUNCTION bullmq_compat_gate_update() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
@@ -393,9 +395,17 @@ DECLARE
   v_gid text := bullmq_compat_gid(NEW.opts);
   v_set record;
 BEGIN
-  IF v_gid IS NULL OR OLD.state NOT IN ('completed', 'failed', 'waiting-children')
-     OR NEW.state NOT IN ('waiting', 'delayed') OR pg_trigger_depth() > 1 THEN
-    RETURN NEW; -- not an arrival, or our own release (a statement run by a trigger of ours)
+  IF v_gid IS NULL OR pg_trigger_depth() > 1 THEN
+    RETURN NEW; -- not a group job, or our own release (a statement run by a trigger of ours)
+  END IF;
+  IF OLD.state IN ('waiting', 'active', 'delayed') AND NEW.state IN ('completed', 'failed', 'waiting-children') THEN
+    -- a released job whose turn ends: the group's next job goes (this one is still counted)
+    PERFORM bullmq_compat_lock_group(NEW.queue, v_gid);
+    PERFORM bullmq_compat_release_locked(NEW.queue, v_gid, (extract(epoch FROM clock_timestamp()) * 1000)::bigint, 1);
+    RETURN NEW;
+  END IF;
+  IF OLD.state NOT IN ('completed', 'failed', 'waiting-children') OR NEW.state NOT IN ('waiting', 'delayed') THEN
+    RETURN NEW; -- not an arrival
   END IF;
   PERFORM bullmq_compat_lock_group(NEW.queue, v_gid);
   SELECT * INTO v_set FROM bullmq_compat_group_settings(NEW.queue, v_gid);
@@ -412,27 +422,18 @@ BEGIN
 END;
 $$;
 
--- AFTER UPDATE OF state / AFTER DELETE: a released group job whose turn has ended.
+-- AFTER DELETE: a released group job removed.
 CREATE FUNCTION bullmq_compat_release_trigger() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
-DECLARE
-  v_row job;
 BEGIN
   IF pg_trigger_depth() > 1 OR OLD.state NOT IN ('waiting', 'active', 'delayed') THEN
     RETURN NULL; -- our own release, or a job that was not running
   END IF;
-  IF TG_OP = 'DELETE' THEN
-    v_row := OLD;
-  ELSIF NEW.state IN ('completed', 'failed', 'waiting-children') THEN
-    v_row := NEW;
-  ELSE
-    RETURN NULL; -- still running (active, back to wait, delayed)
-  END IF;
-  IF bullmq_compat_gid(v_row.opts) IS NOT NULL THEN
-    PERFORM bullmq_compat_lock_group(v_row.queue, bullmq_compat_gid(v_row.opts));
-    PERFORM bullmq_compat_release_locked(v_row.queue, bullmq_compat_gid(v_row.opts),
+  IF bullmq_compat_gid(OLD.opts) IS NOT NULL THEN
+    PERFORM bullmq_compat_lock_group(OLD.queue, bullmq_compat_gid(OLD.opts));
+    PERFORM bullmq_compat_release_locked(OLD.queue, bullmq_compat_gid(OLD.opts),
                                          (extract(epoch FROM clock_timestamp()) * 1000)::bigint);
   END IF;
   RETURN NULL;
@@ -515,15 +516,10 @@ CREATE TRIGGER bullmq_compat_gate_insert
   FOR EACH ROW WHEN (NEW.opts ? 'group')
   EXECUTE FUNCTION bullmq_compat_gate_insert();
 
-CREATE TRIGGER bullmq_compat_gate_arrival
+CREATE TRIGGER bullmq_compat_gate_update
   BEFORE UPDATE OF state ON job
   FOR EACH ROW WHEN (NEW.opts ? 'group')
-  EXECUTE FUNCTION bullmq_compat_gate_arrival();
-
-CREATE TRIGGER bullmq_compat_release_update
-  AFTER UPDATE OF state ON job
-  FOR EACH ROW WHEN (NEW.opts ? 'group')
-  EXECUTE FUNCTION bullmq_compat_release_trigger();
+  EXECUTE FUNCTION bullmq_compat_gate_update();
 
 CREATE TRIGGER bullmq_compat_release_delete
   AFTER DELETE ON job

@@ -3,7 +3,8 @@
 -- wait (without their gate they would wait in waiting-children for ever); their group order then
 -- no longer holds. Run with search_path set to the queue schema.
 DROP TRIGGER IF EXISTS bullmq_compat_gate_insert ON job;
-DROP TRIGGER IF EXISTS bullmq_compat_gate_arrival ON job;
+DROP TRIGGER IF EXISTS bullmq_compat_gate_update ON job;
+DROP TRIGGER IF EXISTS bullmq_compat_gate_arrival ON job; -- (an early build's, as release_update)
 DROP TRIGGER IF EXISTS bullmq_compat_release_update ON job;
 DROP TRIGGER IF EXISTS bullmq_compat_release_delete ON job;
 DROP TRIGGER IF EXISTS bullmq_compat_event_rewrite ON event; -- (an early build's, replaced by bullmq_compat_gated)
@@ -31,6 +32,7 @@ DROP INDEX IF EXISTS bullmq_compat_group_running_idx;
 DROP INDEX IF EXISTS bullmq_compat_group_held_idx;
 DROP FUNCTION IF EXISTS bullmq_compat_gate_insert();
 DROP FUNCTION IF EXISTS bullmq_compat_gate_arrival();
+DROP FUNCTION IF EXISTS bullmq_compat_gate_update();
 DROP FUNCTION IF EXISTS bullmq_compat_release_trigger();
 DROP FUNCTION IF EXISTS bullmq_compat_event_rewrite();
 DROP TABLE IF EXISTS bullmq_compat_gated;
@@ -43,6 +45,7 @@ DROP FUNCTION IF EXISTS bullmq_compat_take_group_jobs(text, text, text[], bigint
 DROP FUNCTION IF EXISTS bullmq_compat_sweep_groups(text, bigint);
 DROP FUNCTION IF EXISTS bullmq_compat_release(text, text, bigint);
 DROP FUNCTION IF EXISTS bullmq_compat_release_locked(text, text, bigint);
+DROP FUNCTION IF EXISTS bullmq_compat_release_locked(text, text, bigint, integer);
 DROP FUNCTION IF EXISTS bullmq_compat_may_pass(text, text, bigint, bigint, boolean, bigint, boolean, integer);
 DROP FUNCTION IF EXISTS bullmq_compat_reclaim(text, text, bigint);
 DROP FUNCTION IF EXISTS bullmq_compat_due(jsonb, bigint, bigint, bigint);
