@@ -235,6 +235,36 @@ async def test_group_locks_are_waited_for_in_one_order_and_a_lock_out_of_order_f
         await two.close()
 
 
+async def test_a_finish_whose_flow_parent_is_of_an_earlier_group_locks_the_parents_group_first(
+        postgres_url: str, gschema: str) -> None:
+    """A group job (group 'b') with a flow parent of group 'a' (as a Node producer can make): its
+    finish takes 'a' before 'b', so upstream's move of the parent, in the same transaction, takes no
+    lock out of order: with 'a' busy the finish waits for it instead of failing."""
+    rows = [("P", "a", "waiting-children", 1, None), ("C", "b", "active", 0, "P")]
+    for job_id, gid, state, deps, parent in rows:
+        await sql_rows(postgres_url, f'INSERT INTO "{gschema}".job (queue, id, seq, name, state, opts, added_at_ms, '
+                                     "pending_deps, parent_queue, parent_id) VALUES ('q', %s, nextval(%s), 'n', %s, "
+                                     "%s::jsonb, 0, %s, %s, %s)",
+                       [job_id, f"{gschema}.job_seq", state, f'{{"group": {{"id": "{gid}"}}}}', deps,
+                        "q" if parent else None, parent])
+    holder = await _gate_session(postgres_url, gschema, "group")
+    finisher = await _gate_session(postgres_url, gschema, "group")
+    try:
+        await holder.execute("SELECT bullmq_compat_lock_group('q', 'a')")
+        finish = asyncio.ensure_future(finisher.execute("UPDATE job SET state = 'completed' WHERE queue = 'q' AND id = 'C'"))
+        await wait_for(lambda: _waiting_for_a_lock(postgres_url, finisher), 30, "the finish to wait for 'a'")
+        await holder.execute("COMMIT")
+        await asyncio.wait_for(finish, 30)
+        # upstream's move of the parent: its group's lock is held already
+        await finisher.execute("UPDATE job SET state = 'waiting', pending_deps = 0 WHERE queue = 'q' AND id = 'P'")
+        await finisher.execute("COMMIT")
+    finally:
+        await holder.close()
+        await finisher.close()
+    assert await sql_rows(postgres_url, f'SELECT id, state FROM "{gschema}".job ORDER BY id') == [
+        ("C", "completed"), ("P", "waiting")]
+
+
 async def test_a_statement_of_several_jobs_takes_the_queues_whole_gate(postgres_url: str, gschema: str) -> None:
     """A statement that is not one of upstream's one-job calls (add_jobs_bulk, retry_jobs, drain, ours)
     waits for every group decision of the queue to commit, and then holds the queue's gate."""

@@ -393,6 +393,7 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
   v_gid text := bullmq_compat_gid(NEW.opts);
+  v_parent_gid text;
   v_set record;
 BEGIN
   IF v_gid IS NULL OR pg_trigger_depth() > 1 THEN
@@ -400,6 +401,15 @@ BEGIN
   END IF;
   IF OLD.state IN ('waiting', 'active', 'delayed') AND NEW.state IN ('completed', 'failed', 'waiting-children') THEN
     -- a released job whose turn ends: the group's next job goes (this one is still counted)
+    IF NEW.parent_id IS NOT NULL THEN
+      -- upstream may move its parent in this transaction: a parent of a group that comes first is
+      -- locked first, so that its lock is not taken out of order then
+      SELECT bullmq_compat_gid(opts) INTO v_parent_gid FROM job WHERE queue = NEW.parent_queue AND id = NEW.parent_id;
+      IF v_parent_gid IS NOT NULL
+         AND (NEW.parent_queue || chr(1) || v_parent_gid) COLLATE "C" < (NEW.queue || chr(1) || v_gid) COLLATE "C" THEN
+        PERFORM bullmq_compat_lock_group(NEW.parent_queue, v_parent_gid);
+      END IF;
+    END IF;
     PERFORM bullmq_compat_lock_group(NEW.queue, v_gid);
     PERFORM bullmq_compat_release_locked(NEW.queue, v_gid, (extract(epoch FROM clock_timestamp()) * 1000)::bigint, 1);
     RETURN NEW;
