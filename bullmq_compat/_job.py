@@ -1,7 +1,9 @@
 """Job: one job hash, read and changed only through the upstream scripts."""
 from __future__ import annotations
 
+import decimal
 import math
+import re
 import time
 import traceback
 from typing import TYPE_CHECKING, Any, Mapping, Optional
@@ -20,19 +22,6 @@ from bullmq_compat._wire.options import attempts_of, from_wire, int_or_zero, nor
 
 if TYPE_CHECKING:
     from bullmq_compat._queue import QueueBase
-
-
-def _int(raw: Mapping[str, str], field: str, default: Optional[int] = 0) -> Optional[int]:
-    value = raw.get(field)
-    if value is None:
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        try:
-            return int(float(value))
-        except (ValueError, OverflowError):  # "NaN", "1e999" (inf) in a foreign or corrupt hash
-            return default
 
 
 def _group_id(value: Any) -> Optional[str]:
@@ -56,14 +45,26 @@ def _json(text: Optional[str], default: Any) -> Any:
         return default
 
 
-def _js_int(text: Optional[str]) -> Any:
-    """``parseInt(text)`` of a stored number: an int, or None where JavaScript gives NaN."""
+# JavaScript's white space, which parseInt skips before the number
+_JS_SPACE = "\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a" \
+            "\u2028\u2029\u202f\u205f\u3000\ufeff"
+_JS_INT = re.compile(r"([+-]?)(?:0[xX]([0-9a-fA-F]+)|([0-9]+))")
+
+
+def _js_int(text: Optional[str]) -> Optional[int]:
+    """JavaScript's ``parseInt(text)``, as Node reads a job hash's numbers: white space skipped, a
+    sign, then the longest run of decimal digits (hexadecimal after ``0x``), the rest ignored; the
+    value as a double holds it (beyond 2**53 rounded, as Node's JSON writes it). None for NaN."""
     if text is None:
         return None
-    try:
-        return int(float(text))
-    except (ValueError, OverflowError):
+    match = _JS_INT.match(text.lstrip(_JS_SPACE))
+    if match is None:
         return None
+    sign, hex_digits, digits = match.groups()
+    value = int(hex_digits, 16) if hex_digits is not None else int(digits)
+    if value > 2 ** 53:  # the double's shortest decimal, as Node's JSON writes it (Infinity: null there)
+        value = int(decimal.Decimal(repr(float(value)))) if value < 2 ** 1024 else 0
+    return -value if sign == "-" else value
 
 
 def _opts_from_stored(text: Optional[str]) -> dict[str, Any]:
@@ -201,26 +202,33 @@ class Job(FlowJobMixin):
         job.name = get("name", "")
         job.data = {} if data is None else data
         job.opts = opts = dict(opts)
-        try:  # the usual hash: every number a plain integer (else each is read as _int reads it)
-            job.timestamp = int(get("timestamp") or 0)
-            job.delay = int(get("delay") or 0)
-            job.priority = int(get("priority") or 0)
-            job.attempts_made = int(get("attemptsMade") or 0) or int(get("atm") or 0)
-            job.attempts_started = int(get("ats") or 0)
-            job.stalled_counter = int(get("stc") or 0)
-            value = get("processedOn")
-            job.processed_on = None if value is None else int(value)
-            value = get("finishedOn")
-            job.finished_on = None if value is None else int(value)
-        except (TypeError, ValueError):
-            job.timestamp = _int(raw, "timestamp") or 0
-            job.delay = _int(raw, "delay") or 0
-            job.priority = _int(raw, "priority") or 0
-            job.attempts_made = _int(raw, "attemptsMade", None) or _int(raw, "atm") or 0
-            job.attempts_started = _int(raw, "ats") or 0
-            job.stalled_counter = _int(raw, "stc") or 0
-            job.processed_on = _int(raw, "processedOn", None)
-            job.finished_on = _int(raw, "finishedOn", None)
+        # numbers as Node reads them (rawToJobJson's parseInt, then Job.fromJSON; NaN, which an int
+        # cannot hold, reads 0; processedOn/finishedOn that are NaN or 0 are not set, as in Node):
+        # the usual value is a short run of ASCII digits
+        value = get("timestamp")
+        job.timestamp = int(value) if value and value.isascii() and value.isdigit() and len(value) < 16 \
+            else _js_int(value) or 0
+        value = get("delay")
+        job.delay = int(value) if value and value.isascii() and value.isdigit() and len(value) < 16 \
+            else _js_int(value) or 0
+        value = get("priority")
+        job.priority = int(value) if value and value.isascii() and value.isdigit() and len(value) < 16 \
+            else _js_int(value) or 0
+        value = get("attemptsMade") or get("atm")  # (JavaScript's ||: "0" is true, "" is not)
+        job.attempts_made = int(value) if value and value.isascii() and value.isdigit() and len(value) < 16 \
+            else _js_int(value) or 0
+        value = get("ats")
+        job.attempts_started = int(value) if value and value.isascii() and value.isdigit() and len(value) < 16 \
+            else _js_int(value) or 0
+        value = get("stc")
+        job.stalled_counter = int(value) if value and value.isascii() and value.isdigit() and len(value) < 16 \
+            else _js_int(value) or 0
+        value = get("processedOn")
+        job.processed_on = None if not value else (
+            int(value) if value.isascii() and value.isdigit() and len(value) < 16 else _js_int(value)) or None
+        value = get("finishedOn")
+        job.finished_on = None if not value else (
+            int(value) if value.isascii() and value.isdigit() and len(value) < 16 else _js_int(value)) or None
         # the fields below are absent from a job that is not finished, retried or a flow's
         job.returnvalue = _json(raw["returnvalue"], raw["returnvalue"]) if "returnvalue" in raw else None
         job.failed_reason = get("failedReason")

@@ -53,17 +53,25 @@ def test_dumps_refusals_name_the_reason() -> None:
     assert codec.dumps({"ok": 1}) == '{"ok":1}'  # nothing left over from the refusals
 
 
-def test_from_raw_reads_numbers_as_before() -> None:
+def test_from_raw_reads_numbers_as_node_does() -> None:
+    """parseInt, as Node's rawToJobJson (tests/test_interop_parity.py compares the same hashes with
+    Node's getJob): a number's leading digits only; NaN reads 0 (None for processedOn/finishedOn);
+    attemptsMade "0" is kept, not replaced by atm (JavaScript's ||: a non-empty string is true)."""
     raw = {"name": "n", "data": '{"i":1}', "opts": '{"attempts":3}', "timestamp": "1.5e3", "delay": "NaN",
            "priority": "", "ats": "2", "atm": "1", "processedOn": "7.9", "finishedOn": "x", "stc": "1e999"}
     job = Job.from_raw(_Queue(), "9", raw)  # type: ignore[arg-type]
-    assert (job.timestamp, job.delay, job.priority, job.attempts_started, job.attempts_made) == (1500, 0, 0, 2, 1)
-    assert (job.processed_on, job.finished_on, job.stalled_counter) == (7, None, 0)
+    assert (job.timestamp, job.delay, job.priority, job.attempts_started, job.attempts_made) == (1, 0, 0, 2, 1)
+    assert (job.processed_on, job.finished_on, job.stalled_counter) == (7, None, 1)
     assert job.data == {"i": 1} and job.opts == {"attempts": 3} and job.parse_error is None
     plain = Job.from_raw(_Queue(), "10", {"name": "n", "data": "{}", "opts": "{}", "timestamp": "5",  # type: ignore[arg-type]
                                           "attemptsMade": "0", "atm": "4", "processedOn": "6"})
-    assert (plain.timestamp, plain.attempts_made, plain.processed_on, plain.finished_on) == (5, 4, 6, None)
+    assert (plain.timestamp, plain.attempts_made, plain.processed_on, plain.finished_on) == (5, 0, 6, None)
     assert (plain.progress, plain.returnvalue, plain.stacktrace, plain.parent) == (0, None, [], None)
+    odd = Job.from_raw(_Queue(), "11", {"name": "n", "data": "{}", "opts": "{}",  # type: ignore[arg-type]
+                                        "timestamp": " 0x1A", "delay": "1_000", "priority": "\u0661",
+                                        "processedOn": "0", "finishedOn": "9007199254740993"})
+    assert (odd.timestamp, odd.delay, odd.priority, odd.processed_on, odd.finished_on) == (
+        26, 1, 0, None, 9007199254740992)
 
 
 def test_from_raw_gives_each_job_its_own_options() -> None:

@@ -176,6 +176,39 @@ async def test_job_json_shapes_are_nodes(redis_url: str, queue_name: str) -> Non
             assert restored == node_restored, job_id
 
 
+#: odd job hashes, written by hand: Node reads each number with parseInt (rawToJobJson), then
+#: Job.fromJSON sets processedOn/finishedOn only when truthy
+ODD_HASHES = [
+    {"timestamp": "1.5e3", "delay": "NaN", "priority": "", "ats": "2", "atm": "1", "processedOn": "7.9",
+     "finishedOn": "x", "stc": "1e999"},
+    {"timestamp": "5", "attemptsMade": "0", "atm": "4", "processedOn": "6"},
+    {"timestamp": "  0x1A", "delay": "-3", "priority": "+7 days", "ats": "", "stc": "\u00a012", "processedOn": "0",
+     "finishedOn": "9007199254740993"},
+    {"timestamp": "1_000", "delay": "\u0661\u0662", "priority": "12345678901234567890", "attemptsMade": "",
+     "atm": " 3", "finishedOn": "-0"},
+]
+NUMBERS = ("timestamp", "delay", "priority", "attemptsMade", "attemptsStarted", "stalledCounter", "processedOn",
+           "finishedOn")
+
+
+async def test_odd_job_hashes_read_numbers_as_node_does(redis_url: str, queue_name: str, redis: Any) -> None:
+    """Node is the oracle: the same hand-written hashes read by Node's getJob and by ours. Where Node
+    reads NaN (JSON null), an int cannot hold it: ours reads 0 (docs/compatibility.md)."""
+    async with Queue(queue_name, connection=redis_url) as queue:
+        for n, fields in enumerate(ODD_HASHES):
+            job_id = f"odd{n}"
+            await redis.hset(f"bull:{queue_name}:{job_id}", mapping={"name": "n", "data": "{}", "opts": "{}", **fields})
+            theirs = (await _node_job(redis_url, queue_name, op="job", id=job_id))["toJSON"]
+            ours = await queue.get_job(job_id)
+            assert ours is not None
+            mine = ours.to_json()
+            for key in NUMBERS:
+                expected = theirs.get(key)
+                if expected is None and key in theirs:  # NaN
+                    expected = 0
+                assert mine.get(key) == expected, (job_id, key, fields, theirs)
+
+
 async def test_dependencies_page_is_nodes(redis_url: str, queue_name: str) -> None:
     async with FlowProducer(connection=redis_url) as flows:
         tree = await flows.add({"name": "parent", "queue_name": queue_name, "children": [
