@@ -60,16 +60,6 @@ class JobNode:
             yield from child.walk()
 
 
-def parse_node_key(key: str) -> tuple[str, str, str]:
-    """``"<prefix>:<queue>:<id>"`` → (prefix, queue, id); the prefix may itself hold colons."""
-    last = key.rfind(":")
-    previous = key.rfind(":", 0, last) if last > 0 else -1
-    if last == -1 or previous == -1:
-        parts = (key.split(":") + ["", "", ""])[:3]
-        return parts[0], parts[1], parts[2]
-    return key[:previous], key[previous + 1:last], key[last + 1:]
-
-
 @dataclass
 class _Entry:
     """One node's add, ready to go into the transaction."""
@@ -369,7 +359,7 @@ class FlowProducer:
         await self.wait_until_ready()
         return await self._get_node(given.get("prefix") or self.prefix, queue_name, job_id, depth, max_children)
 
-    async def _get_node(self, prefix: str, queue_name: str, job_id: str, depth: int,
+    async def _get_node(self, prefix: Optional[str], queue_name: str, job_id: str, depth: int,
                         max_children: int) -> Optional[JobNode]:
         job = await self.queue(queue_name, prefix).get_job(job_id)
         if job is None:
@@ -380,7 +370,7 @@ class FlowProducer:
         if not keys or depth <= 1:
             return JobNode(job)
         children = await asyncio.gather(*(
-            self._get_node(*parse_node_key(key), depth - 1, max_children) for key in keys))
+            self._get_node(*self._backend.split_job_key(key), depth - 1, max_children) for key in keys))
         return JobNode(job, [child for child in children if child is not None])
 
     def __repr__(self) -> str:

@@ -293,6 +293,16 @@ class QueueBackend(abc.ABC):
     def for_queue(self, name: str, prefix: Optional[str] = None) -> "QueueBackend":
         """A backend for another queue on the same connection (flows across queues)."""
 
+    def split_job_key(self, key: str) -> tuple[Optional[str], str, str]:
+        """A job key as `get_dependencies` lists them → (prefix, queue, id). Redis's
+        ``<prefix>:<queue>:<id>``: the prefix may hold colons, a queue name holds none."""
+        last = key.rfind(":")
+        previous = key.rfind(":", 0, last) if last > 0 else -1
+        if last == -1 or previous == -1:
+            parts = (key.split(":") + ["", "", ""])[:3]
+            return parts[0], parts[1], parts[2]
+        return key[:previous], key[previous + 1:last], key[last + 1:]
+
     # -- adding ------------------------------------------------------------------------------
     @abc.abstractmethod
     async def add_jobs(self, jobs: Sequence[NewJob]) -> list[Any]:

@@ -97,6 +97,11 @@ class PostgresBackend(JobSchedulerCalls, QueueBackend):
     def for_queue(self, name: str, prefix: Optional[str] = None) -> "PostgresBackend":  # (no prefix here)
         return PostgresBackend(self.connection, name, owns_connection=False)
 
+    def split_job_key(self, key: str) -> tuple[Optional[str], str, str]:
+        """``<queue>:<id>`` (no prefix on PostgreSQL; a queue name holds no colon, an id may)."""
+        queue, _, job_id = key.partition(":")
+        return None, queue, job_id
+
     # -- running commands --------------------------------------------------------------------
     async def _run(self, command: str, params: Sequence[Any] = (), *, job_id: Optional[str] = None,
                    op: str = "", state: str = "", parent_key: Optional[str] = None) -> sql.Result:
