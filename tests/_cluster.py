@@ -1,4 +1,5 @@
-"""A throw-away Redis Cluster (3 masters) and a Sentinel set-up, from local redis-server binaries.
+"""A throw-away Redis Cluster (3 masters) and a Sentinel set-up, from local redis-server binaries
+(`redis_server_binary()`: $REDIS_SERVER, e.g. Valkey, else redis-server; and the redis-cli beside it).
 
 Both listen on free loopback ports only, in temporary directories, and are stopped (and their
 directories removed) afterwards. Used by tests/test_cluster.py and tests/test_sentinel.py.
@@ -14,12 +15,12 @@ import time
 from pathlib import Path
 from typing import Iterator, Optional
 
-from tests._redis_server import RedisServer, free_port
+from tests._redis_server import RedisServer, free_port, redis_cli_binary, redis_server_binary
 
 
 def _command(port: int, *args: str, timeout: float = 2.0) -> str:
     """One command over a fresh socket, through redis-cli (plain text reply)."""
-    out = subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(port), *args],
+    out = subprocess.run([redis_cli_binary(), "-h", "127.0.0.1", "-p", str(port), *args],
                          capture_output=True, text=True, timeout=timeout)
     return out.stdout.strip()
 
@@ -84,7 +85,7 @@ class LocalCluster:
             self.servers.append(server)
             server.start()
         create = subprocess.run(
-            ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
+            [redis_cli_binary(), "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
              "--cluster-replicas", "0", "--cluster-yes"],
             capture_output=True, text=True, timeout=60)
         if create.returncode != 0:
@@ -104,8 +105,7 @@ class LocalCluster:
 
 @contextlib.contextmanager
 def local_cluster() -> Iterator[LocalCluster]:
-    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
-        raise RuntimeError("redis-server and redis-cli are needed for the cluster tests (apt-get install redis)")
+    redis_cli_binary()  # (it finds the server first): says what to install when either is missing
     cluster = LocalCluster()
     try:
         yield cluster.start()
@@ -149,8 +149,6 @@ class LocalSentinel:
         self.replica.start()
         _wait("the replica to sync", lambda: "master_link_status:up" in _command(
             self.replica.port, "INFO", "replication"), 20)
-        binary = shutil.which("redis-sentinel") or shutil.which("redis-server")
-        assert binary is not None
         for port in self.sentinel_ports:
             conf = self.dir / f"sentinel-{port}.conf"
             conf.write_text("\n".join([
@@ -159,8 +157,8 @@ class LocalSentinel:
                 f"sentinel down-after-milliseconds {self.service} 2000",
                 f"sentinel failover-timeout {self.service} 10000",
                 f"sentinel parallel-syncs {self.service} 1", ""]))
-            argv = [binary, str(conf)] + ([] if binary.endswith("redis-sentinel") else ["--sentinel"])
-            self.procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            self.procs.append(subprocess.Popen([redis_server_binary(), str(conf), "--sentinel"],
+                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         for port in self.sentinel_ports:
             _wait(f"sentinel {port} to see the replica in sync", lambda port=port: self._replica_ok(port), 30)
         return self
@@ -206,8 +204,7 @@ class LocalSentinel:
 
 @contextlib.contextmanager
 def local_sentinel(sentinels: int = 1, min_replicas_to_write: int = 0) -> Iterator[LocalSentinel]:
-    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
-        raise RuntimeError("redis-server and redis-cli are needed for the sentinel tests (apt-get install redis)")
+    redis_cli_binary()  # (it finds the server first): says what to install when either is missing
     setup = LocalSentinel(sentinels, min_replicas_to_write)
     try:
         yield setup.start()

@@ -51,11 +51,14 @@ class PostgresServer:
     ``ssl_files=(certificate, key)`` (e.g. from ``tests._tls.make_pki``) starts it with ``ssl=on``
     (copies of the files live in the cluster's directory, gone with it); ``hba`` replaces
     ``pg_hba.conf`` (lines as written there), e.g. to ask roles for a password -- keep a ``trust``
-    line for ``postgres`` on 127.0.0.1, which `url` and the start check use.
+    line for ``postgres`` on 127.0.0.1, which `url` and the start check use. ``listen`` adds addresses
+    to listen on besides 127.0.0.1 (e.g. a veth end, tests/netns_helpers.py).
     """
 
-    def __init__(self, *, ssl_files: Optional[tuple[str, str]] = None, hba: Optional[Sequence[str]] = None) -> None:
+    def __init__(self, *, ssl_files: Optional[tuple[str, str]] = None, hba: Optional[Sequence[str]] = None,
+                 listen: Sequence[str] = ()) -> None:
         self.ssl_files = ssl_files
+        self.listen = list(listen)  # addresses to listen on besides 127.0.0.1 (add hba lines for them)
         self.hba = list(hba) if hba is not None else None
         self.port = free_port()  # start() takes another one if this one is taken meanwhile
         self.dir = tempfile.mkdtemp(prefix="bullmq-compat-pg-")
@@ -106,7 +109,8 @@ class PostgresServer:
 
     def boot(self) -> "PostgresServer":
         """Start the (already made) cluster on its port and wait until it answers."""
-        options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir} -c fsync=off"
+        addresses = ",".join(["127.0.0.1", *self.listen])
+        options = f"-p {self.port} -c listen_addresses={addresses} -k {self.dir} -c fsync=off"
         if self.ssl_files is not None:
             cert, key = (os.path.join(self.dir, name) for name in ("server.crt", "server.key"))
             options += f" -c ssl=on -c ssl_cert_file={cert} -c ssl_key_file={key}"

@@ -1,6 +1,8 @@
 """Where the tests get a Redis: REDIS_URL, a testcontainers Redis, or a redis-server of our own.
 
-Tests never flush a Redis they did not start; they use unique queue names instead.
+Tests never flush a Redis they did not start; they use unique queue names instead. Every server the
+suite starts is `redis_server_binary()`: ``$REDIS_SERVER`` when set (e.g. Valkey 8, `make valkey`),
+else redis-server on PATH.
 """
 from __future__ import annotations
 
@@ -15,7 +17,32 @@ from typing import Iterator
 
 from tests._ports import free_port
 
-__all__ = ["RedisServer", "free_port", "redis_for_tests"]
+__all__ = ["RedisServer", "free_port", "redis_cli_binary", "redis_for_tests", "redis_server_binary"]
+
+
+def redis_server_binary() -> str:
+    """The server the suite starts: ``$REDIS_SERVER`` (a path or a name on PATH, e.g.
+    ``.valkey/usr/bin/valkey-server``), else ``redis-server`` on PATH."""
+    wanted = os.environ.get("REDIS_SERVER") or "redis-server"
+    found = shutil.which(wanted)
+    if found is None:
+        if os.environ.get("REDIS_SERVER"):
+            raise RuntimeError(f"REDIS_SERVER={wanted} is not an executable (Valkey: run make valkey)")
+        raise RuntimeError("redis-server is not on PATH: install it (apt-get install redis-server), "
+                           "or set REDIS_SERVER or REDIS_URL")
+    # absolute, not resolved: valkey-server is a symlink to valkey-check-rdb, and its name selects server mode
+    return os.path.abspath(found)
+
+
+def redis_cli_binary() -> str:
+    """The command-line client of that server: the ``*-cli`` beside it (valkey-cli beside a
+    valkey-server), else ``redis-cli`` on PATH."""
+    server = redis_server_binary()
+    beside = os.path.join(os.path.dirname(server), os.path.basename(server).replace("-server", "-cli"))
+    found = beside if beside != server and os.access(beside, os.X_OK) else shutil.which("redis-cli")
+    if found is None:
+        raise RuntimeError(f"no command-line client beside {server} nor redis-cli on PATH (apt-get install redis-tools)")
+    return found
 
 
 def die_with_parent() -> None:
@@ -56,9 +83,7 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> "RedisServer":
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError("redis-server is not on PATH: install it (apt-get install redis-server) or set REDIS_URL")
+        binary = redis_server_binary()
         for attempt in range(5):
             self.proc = subprocess.Popen(
                 [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
@@ -112,7 +137,7 @@ def redis_for_tests() -> Iterator[str]:
     if url:
         yield url
         return
-    if _docker_answers():
+    if not os.environ.get("REDIS_SERVER") and _docker_answers():  # REDIS_SERVER names the server to run
         from testcontainers.redis import RedisContainer  # type: ignore[import-untyped]
 
         with RedisContainer("redis:7.0") as container:

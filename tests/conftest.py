@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import os
+import threading
 import uuid
-from typing import AsyncIterator, Iterator, Optional
+from typing import Any, AsyncIterator, Iterator, Optional
 
 import pytest
 import redis.asyncio as aioredis
@@ -54,6 +56,93 @@ def _suffix_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
             from _pytest.nodeid import coerce_node_id
 
             item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(names)}")
+
+
+#: A test that runs longer than this (seconds) is taken as hung: `_hung` writes what every asyncio task
+#: and thread of the process is waiting on and cancels the test's coroutine (the test fails), so that a
+#: wait without a bound fails the run with its stack instead of stopping it for good.
+TEST_TIMEOUT = float(os.environ.get("BULLMQ_COMPAT_TEST_TIMEOUT")
+                     or (2400 if os.environ.get("BULLMQ_COMPAT_CHAOS", "") not in ("", "0") else 600))
+
+
+#: after a hung test's coroutine was cancelled, how long its teardown may take before the process ends
+HUNG_GRACE_S = 120.0
+_HUNG_TIMERS: list[threading.Timer] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: Optional[pytest.Item]) -> Iterator[None]:
+    timer = threading.Timer(TEST_TIMEOUT, _hung, args=(item.nodeid,))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        while _HUNG_TIMERS:  # the hung test ended after its cancel: the process goes on
+            _HUNG_TIMERS.pop().cancel()
+
+
+_SESSION_START = [0.0]
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    import time
+
+    _SESSION_START[0] = time.time()
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """The controller shows what `_hung` wrote in this run (an xdist worker's stderr is not shown)."""
+    from pathlib import Path
+
+    artifacts = Path(__file__).resolve().parent.parent / "test-artifacts"
+    for path in sorted(artifacts.glob("hung-*.txt")) if artifacts.is_dir() else []:
+        if path.stat().st_mtime >= _SESSION_START[0]:
+            terminalreporter.write_sep("=", f"hung test: {path.name}")
+            terminalreporter.write(path.read_text(errors="replace")[-30000:] + "\n")
+
+
+def _hung(nodeid: str) -> None:
+    import asyncio
+    import faulthandler
+    import io
+    import sys
+    import time
+    from pathlib import Path
+
+    out = io.StringIO()
+    out.write(f"\n{nodeid}: still running after {TEST_TIMEOUT:.0f} s, taken as hung ({time.strftime('%H:%M:%S')})"
+              "; what each asyncio task awaits:\n")
+    tasks = getattr(asyncio.tasks, "_all_tasks", None)
+    for task in list(tasks) if tasks is not None else []:
+        if not task.done():
+            out.write(f"--- {task!r}\n")
+            task.print_stack(file=out)
+    text = out.getvalue()
+    artifacts = Path(__file__).resolve().parent.parent / "test-artifacts"
+    artifacts.mkdir(exist_ok=True)
+    path = artifacts / f"hung-{os.getpid()}.txt"
+    with open(path, "w") as f:
+        f.write(text)
+        f.write("threads:\n")
+        f.flush()
+        faulthandler.dump_traceback(file=f, all_threads=True)
+    stderr = sys.__stderr__
+    if stderr is not None:
+        stderr.write(text[-20000:] + f"(threads too: {path})\n")
+        stderr.flush()
+    # fail the test: cancel its coroutine (pytest-asyncio runs it as a task), so that its teardown
+    # runs and the xdist worker goes on (a worker that exits mid-test can leave xdist's controller
+    # waiting for good); only if that does not end it within HUNG_GRACE_S is the process ended
+    why = f"{nodeid}: hung for {TEST_TIMEOUT:.0f} s (what it awaited: {path.name})"
+    for task in list(tasks) if tasks is not None else []:
+        if not task.done() and getattr(task.get_coro(), "__name__", "").startswith("test_"):
+            task.get_loop().call_soon_threadsafe(task.cancel, why)
+    timer = threading.Timer(HUNG_GRACE_S, os._exit, args=(70,))
+    timer.daemon = True
+    timer.start()
+    _HUNG_TIMERS.append(timer)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import signal
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -249,17 +250,30 @@ async def node(op: str, **args: Any) -> Any:
     return await run_node([str(CLI), op, json.dumps(args)], label=f"cli.js {op}", budget=budget)
 
 
+async def exited(proc: asyncio.subprocess.Process, timeout: float) -> bool:
+    """Whether the process has exited within ``timeout`` seconds. Polls ``returncode``, which asyncio
+    sets when the child is reaped: CPython 3.11's ``proc.wait()`` also waits until the child's stdout
+    and stderr pipes have closed, which a process the child left behind (or a lost EOF) can put off
+    for good."""
+    deadline = time.monotonic() + timeout
+    while proc.returncode is None:
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
 async def stop_process(proc: asyncio.subprocess.Process, timeout: float) -> None:
-    """SIGTERM, then SIGKILL after ``timeout`` seconds; returns once the process is gone."""
+    """SIGTERM, then SIGKILL after ``timeout`` seconds; returns once the process is gone (fails,
+    saying so, if even SIGKILL has not ended it 30 s later)."""
     if proc.returncode is None:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), timeout)
-        except asyncio.TimeoutError:
+        if not await exited(proc, timeout):
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
-            await proc.wait()
+            if not await exited(proc, 30):
+                raise AssertionError(f"pid {proc.pid}: not reaped 30 s after SIGKILL")
 
 
 class NodeProcess:

@@ -3,7 +3,7 @@
 
     python -m tests.pg_chaos_worker_proc PG_URL SCHEMA QUEUE --rec DIR [--concurrency N]
         [--lock-duration MS] [--stalled-interval MS] [--max-stalled-count N] [--name NAME]
-        [--drain-delay S]
+        [--drain-delay S] [--effects TABLE]
 
 Used by tests/test_postgres_reliability.py. Prints {"ready": pid} once consuming, then a JSON line
 per worker 'error' ({"error": text}); SIGTERM/SIGINT close it gracefully.
@@ -15,6 +15,9 @@ written before a SIGKILL is kept.
 
     {"k": "start", "id", "a", "t0", "pid", "g", "s"}      when a run starts
     {"k": "end", "id", "a", "t0", "t1", "pid", "out"}     when its outcome is decided
+    {"k": "fin", "id", "a", "t0", "pid", "t"}             once its finish was acknowledged (the
+                                                          worker's 'completed'/'failed' event)
+    {"k": "lag", "pid", "t", "lag"}                       an event-loop lag of LAG_MS or more (ms)
 """
 from __future__ import annotations
 
@@ -25,10 +28,10 @@ import os
 import signal
 import sys
 import time
-from typing import Any
+from typing import Any, Callable, Optional
 
 from bullmq_compat import UnrecoverableError, Worker
-from tests.chaos_worker_proc import ALWAYS_REASON, FATAL_REASON, RETRY_REASON
+from tests.chaos_worker_proc import ALWAYS_REASON, FATAL_REASON, RETRY_REASON, watch_lag
 
 
 def say(**fields: Any) -> None:
@@ -40,12 +43,23 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def make_handler(rec_dir: str) -> Any:
-    pid = os.getpid()
-    fd = os.open(os.path.join(rec_dir, f"{pid}.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+def recorder(rec_dir: str) -> Callable[..., None]:
+    """record(**fields): one line of this process's record file."""
+    fd = os.open(os.path.join(rec_dir, f"{os.getpid()}.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def record(**fields: Any) -> None:
         os.write(fd, (json.dumps(fields) + "\n").encode())
+
+    return record
+
+
+def make_handler(rec_dir: str, runs: Optional[dict[tuple[str, str], tuple[int, int]]] = None,
+                 effects: Optional[str] = None) -> Any:
+    """The handler; it notes each run's (attempt, t0) in ``runs`` by (job id, token) for the fins.
+    With ``effects`` (a table, for ``Worker(transactional=True)``) every run first writes a row
+    (job_id, attempt, pid) on ``job.transaction``: it commits only with the job's completion."""
+    pid = os.getpid()
+    record = recorder(rec_dir)
 
     async def process(job: Any) -> Any:
         data = job.data or {}
@@ -54,9 +68,16 @@ def make_handler(rec_dir: str) -> Any:
         out = {"ok": "completed", "retry": "retry" if attempt == 1 else "completed",
                "always": "error", "fatal": "fatal"}[plan]
         t0 = now_ms()
+        if runs is not None:
+            runs[(str(job.id), str(job.token))] = (attempt, t0)
         record(k="start", id=job.id, a=attempt, t0=t0, pid=pid, g=data.get("g"), s=data.get("s"))
-        if data.get("ms"):
-            await asyncio.sleep(data["ms"] / 1000)
+        if effects is not None:
+            await job.transaction.execute(f"INSERT INTO {effects} (job_id, attempt, pid) VALUES (%s, %s, %s)",
+                                          [job.id, attempt, pid])
+        # "rerun_ms": how long a run works once the job was started before (a stall re-run)
+        ms = data.get("rerun_ms") if data.get("rerun_ms") and job.attempts_started > 1 else data.get("ms")
+        if ms:
+            await asyncio.sleep(ms / 1000)
         record(k="end", id=job.id, a=attempt, t0=t0, t1=now_ms(), pid=pid, out=out)
         if out == "completed":
             return {"i": data.get("i"), "a": attempt}
@@ -79,8 +100,11 @@ async def main() -> None:
     parser.add_argument("--max-stalled-count", type=int, default=1)
     parser.add_argument("--drain-delay", type=float, default=5)
     parser.add_argument("--name", default=None)
+    parser.add_argument("--effects", default=None, help="transactional=True, each run writing a row of this table")
     args = parser.parse_args()
-    worker = Worker(args.queue, make_handler(args.rec), connection=args.url, schema=args.schema,
+    runs: dict[tuple[str, str], tuple[int, int]] = {}
+    worker = Worker(args.queue, make_handler(args.rec, runs, args.effects), connection=args.url,
+                    transactional=args.effects is not None, schema=args.schema,
                     concurrency=args.concurrency, lock_duration=args.lock_duration,
                     stalled_interval=args.stalled_interval, max_stalled_count=args.max_stalled_count,
                     drain_delay=args.drain_delay, name=args.name)
@@ -95,7 +119,24 @@ async def main() -> None:
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, dump_tasks)
     worker.on("ready", lambda: say(ready=os.getpid()))
     worker.on("error", lambda err: say(error=f"{type(err).__name__}: {err}", t=now_ms()))
-    await worker.run()
+    record = recorder(args.rec)
+    pid = os.getpid()
+
+    def on_finish(job: Any, *_: Any) -> None:
+        run = runs.pop((str(job.id), str(job.token)), None)
+        if run is not None:
+            record(k="fin", id=job.id, a=run[0], t0=run[1], pid=pid, t=now_ms())
+
+    async def write_lag(lag: dict[str, Any]) -> None:
+        record(k="lag", **lag)
+
+    worker.on("completed", on_finish)
+    worker.on("failed", on_finish)
+    watcher = asyncio.ensure_future(watch_lag(write_lag))
+    try:
+        await worker.run()
+    finally:
+        watcher.cancel()
     say(exit=0)
 
 

@@ -6,6 +6,7 @@ in a directory on PYTHONPATH (no interop/ next to it), with $XDG_CACHE_HOME in t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -20,6 +21,7 @@ import pytest
 from bullmq_compat import __version__
 from bullmq_compat._secrets import redact_url
 from tests._ports import free_port
+from tests.node import exited
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTALL_HINT = "run 'bullmq-compat board --install' (needs Node.js 20+ and npm)"
@@ -149,14 +151,15 @@ class RunningBoard:
         self.stderr = b""
 
     async def __aenter__(self) -> "RunningBoard":
+        # a session of its own: the board's node child is killed with it (_kill)
         self.proc = await asyncio.create_subprocess_exec(*self.argv, cwd=str(self.cwd), env=self.env,
-                                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                         start_new_session=True)
         assert self.proc.stdout is not None and self.proc.stderr is not None
         try:
             line = await asyncio.wait_for(self.proc.stdout.readline(), self.start_timeout)
         except BaseException:
-            self.proc.kill()
-            await self.proc.wait()
+            await self._kill()
             raise
         if not line:
             await self.proc.wait()
@@ -171,9 +174,17 @@ class RunningBoard:
         try:
             _, self.stderr = await asyncio.wait_for(self.proc.communicate(), 30)
         except asyncio.TimeoutError:
-            self.proc.kill()
-            await self.proc.wait()
-            raise
+            await self._kill()
+            raise AssertionError(f"the board did not exit within 30 s of SIGTERM (pid {self.proc.pid})") from None
+
+    async def _kill(self) -> None:
+        """SIGKILL the board and its node child (their process group), and wait, bounded, for the
+        board to be reaped: proc.wait() would also wait for pipes a child left open."""
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        if not await exited(self.proc, 30):
+            raise AssertionError(f"board pid {self.proc.pid}: not reaped 30 s after SIGKILL")
 
 
 def get(url: str) -> tuple[int, str]:

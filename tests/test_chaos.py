@@ -9,9 +9,14 @@ and each is restarted at once. Every handler run is recorded in Redis; at the en
 
 - every job ended completed or failed exactly as its handler decided (state, attempts, return
   value or reason), and the events stream says it finished once;
-- no job ran twice at the same time (a run cut short by a kill ends at the kill);
-- every repeated run of the same attempt (a duplicate) is explained by a kill: the earlier run
-  was in a process killed after it started (at-least-once);
+- no job ran twice at the same time (a run cut short by a kill ends at the kill), checked for
+  every job;
+- every repeated run of the same attempt (a duplicate) is explained by a kill: the earlier run's
+  process (its pid) was killed after the run started, before the repeat started, and before the
+  run's finish was acknowledged. Any other repeat is a lock lost by a live worker (its job has a
+  ``stalled`` event): counted apart and printed with the worker's event-loop lag then; it is the
+  only overlap permitted, and in ``make chaos`` (an idle machine) there must be none — under a
+  loaded ``make test`` it is reported, not failed (`chaos_helpers.judge_lock_lost`);
 - every group's jobs started in add order, one at a time; no group is left wedged;
 - losses = 0.
 
@@ -33,6 +38,7 @@ from tests.chaos_helpers import (
     delete_queue_keys,
     final_states,
     finish_events,
+    judge_lock_lost,
     plan_jobs,
     poll_until,
     proc_lines,
@@ -104,18 +110,18 @@ async def test_worker_crash_soak(redis_url: str, queue_name: str, redis: Any) ->
                 await proc.__aexit__(None, None, None)
         starts = await read_list(redis, f"{rec}:starts")
         ends = await read_list(redis, f"{rec}:ends")
+        fins = await read_list(redis, f"{rec}:fins")
+        lags = await read_list(redis, f"{rec}:lags")
         states = await final_states(redis, prefix, plan.ids)
         events = await finish_events(redis, f"{prefix}events")
         errors = [line["error"] for proc in procs + retired for line in proc_lines(await stdout_of(proc))
                   if "error" in line]
-        # a job the stalled check moved back (its 1 s lock expired while a loaded machine kept its
-        # worker from renewing it, no kill needed) may run again: at-least-once, as documented
-        lock_lost = {job_id for job_id, n in events["stalled"].items() if n}
-        figures = check_runs(plan, states, starts, ends, kills, events, may_repeat=lock_lost)
+        figures = check_runs(plan, states, starts, ends, kills, events, fins=fins, lags=lags)
         figures.restarts = restarts
         figures.seconds = seconds
         report(f"\nworker crash soak: {figures.line()}; worker 'error' events {len(errors)}")
         print(f"worker 'error' events: {sorted(set(e[:80] for e in errors))[:5]}")
+        judge_lock_lost(figures, "worker crash soak")
         assert counts == {**{state: 0 for state in counts}, "completed": figures.completed,
                           "failed": figures.failed}, counts
         assert groups_left == [], f"groups left wedged: {groups_left[:10]}"

@@ -1,0 +1,107 @@
+"""`tests.chaos_helpers.check_runs` itself (issue #31 §1): what explains a repeated run.
+
+The soaks (tests/test_chaos.py, tests/test_postgres_reliability.py) trust this checker, so it is
+tested on hand-made records of one job whose second run repeats its first: a repeat is explained
+by a kill only if the first run's process was killed after the run started, before the repeat
+started and before the run's finish was acknowledged; any other repeat with a ``stalled`` event is
+a lock lost by a live worker (counted, printed, the only overlap permitted, failed in
+``make chaos``); one without is unexplained and fails at once. The crash soak used to pass every
+job with a ``stalled`` event as ``may_repeat``, which waived these checks for every job recovered
+after a kill.
+"""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Any, Optional
+
+import pytest
+
+from tests import chaos_helpers
+from tests.chaos_helpers import Figures, Plan, check_runs, judge_lock_lost
+
+JOB = "1"
+PID_A, PID_B = 100, 200
+
+
+def one_job() -> Plan:
+    return Plan([{"name": "ok", "data": {"i": 0, "plan": "ok", "ms": 10}, "opts": {}}], {}, [JOB])
+
+
+def check(runs: list[tuple[int, int, int, bool]], *, kills: Optional[dict[int, int]] = None,
+          stalled_at: tuple[int, ...] = (), fins: tuple[tuple[int, int, int], ...] = (),
+          lags: tuple[dict[str, Any], ...] = ()) -> Figures:
+    """``runs``: (pid, t0, t1, ended) of attempt 1, the last one finishing the job; ``fins``: (pid,
+    t0, t) of runs whose finish was acknowledged."""
+    starts = [{"id": JOB, "a": 1, "t0": t0, "pid": pid, "g": None, "s": None} for pid, t0, _, _ in runs]
+    ends = [{"id": JOB, "a": 1, "t0": t0, "t1": t1, "pid": pid, "out": "completed"}
+            for pid, t0, t1, ended in runs if ended]
+    states = {JOB: {"state": "completed", "atm": 1, "returnvalue": {"i": 0, "a": 1}, "failedReason": None,
+                    "stc": len(stalled_at), "ats": len(runs)}}
+    at: dict[str, list[int]] = defaultdict(list)
+    at[JOB] += stalled_at
+    events: dict[str, Any] = {"completed": Counter({JOB: 1}), "failed": Counter(),
+                              "stalled": Counter({JOB: len(stalled_at)}), "stalled_at": at}
+    fin_records = [{"id": JOB, "a": 1, "t0": t0, "pid": pid, "t": t} for pid, t0, t in fins]
+    return check_runs(one_job(), states, starts, ends, kills or {}, events, fins=fin_records, lags=list(lags))
+
+
+def test_a_run_cut_short_by_a_kill_explains_its_repeat() -> None:
+    figures = check([(PID_A, 1000, 0, False), (PID_B, 3000, 3050, True)], kills={PID_A: 1200},
+                    stalled_at=(2600,), fins=((PID_B, 3000, 3060),))
+    assert (figures.duplicates, figures.killed_runs, figures.lock_lost, figures.unexplained) == (1, 1, 0, 0)
+
+
+def test_a_run_whose_finish_was_not_yet_acknowledged_at_the_kill_explains_its_repeat() -> None:
+    figures = check([(PID_A, 1000, 1050, True), (PID_B, 3000, 3050, True)], kills={PID_A: 1060},
+                    stalled_at=(2600,), fins=((PID_B, 3000, 3060),))
+    assert (figures.duplicates, figures.lock_lost) == (1, 0)
+
+
+def test_a_repeat_of_a_live_workers_run_is_a_lost_lock_with_its_lag() -> None:
+    """No kill: the first run's worker was alive and lost its lock (here its loop lagged 1.8 s); the
+    two runs overlap, which only a lost lock permits."""
+    figures = check([(PID_A, 1000, 4000, True), (PID_B, 3000, 3050, True)], stalled_at=(2600,),
+                    fins=((PID_B, 3000, 3060),), lags=({"pid": PID_A, "t": 2900, "lag": 1800},))
+    assert (figures.duplicates, figures.lock_lost, figures.unexplained) == (1, 1, 0)
+    assert "pid 100 (not killed)" in figures.lock_lost_runs[0]
+    assert "stalled events at [2600]" in figures.lock_lost_runs[0]
+    assert "max event-loop lag 1800 ms" in figures.lock_lost_runs[0]
+
+
+def test_a_kill_after_the_repeat_started_does_not_explain_it() -> None:
+    """The first run's process was killed, but only after the job had started again elsewhere: the
+    lock was lost while that process lived."""
+    figures = check([(PID_A, 1000, 0, False), (PID_B, 3000, 3050, True)], kills={PID_A: 3500},
+                    stalled_at=(2600,), fins=((PID_B, 3000, 3060),))
+    assert (figures.killed_runs, figures.lock_lost) == (1, 1)
+    assert "killed at 3500" in figures.lock_lost_runs[0]
+
+
+def test_a_kill_after_the_finish_was_acknowledged_does_not_explain_a_repeat() -> None:
+    figures = check([(PID_A, 1000, 1050, True), (PID_B, 3000, 3050, True)], kills={PID_A: 1500},
+                    stalled_at=(2600,), fins=((PID_A, 1000, 1060), (PID_B, 3000, 3060)))
+    assert figures.lock_lost == 1
+
+
+def test_a_repeat_with_no_kill_and_no_stalled_event_fails() -> None:
+    with pytest.raises(AssertionError, match="1 repeated runs not explained"):
+        check([(PID_A, 1000, 1050, True), (PID_B, 3000, 3050, True)], fins=((PID_B, 3000, 3060),))
+
+
+def test_an_overlap_that_no_lost_lock_explains_fails() -> None:
+    """Two runs of the job at once, with no stalled event: nothing permits that."""
+    with pytest.raises(AssertionError, match="ran twice at once"):
+        check([(PID_A, 1000, 2000, True), (PID_B, 1500, 1600, True)], fins=((PID_B, 1500, 1610),))
+
+
+def test_a_lost_lock_fails_make_chaos_and_is_reported_in_make_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    figures = check([(PID_A, 1000, 4000, True), (PID_B, 3000, 3050, True)], stalled_at=(2600,),
+                    fins=((PID_B, 3000, 3060),))
+    reported: list[str] = []
+    monkeypatch.setattr(chaos_helpers, "report", reported.append)
+    monkeypatch.setattr(chaos_helpers, "CHAOS", False)
+    judge_lock_lost(figures, "soak")
+    assert reported and "lock lost by a live worker" in reported[0]
+    monkeypatch.setattr(chaos_helpers, "CHAOS", True)
+    with pytest.raises(AssertionError, match="1 locks lost by live workers"):
+        judge_lock_lost(figures, "soak")
