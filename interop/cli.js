@@ -8,7 +8,7 @@
 // (default "bull"), queue, connectTimeoutMs (default 10000: fail rather than wait forever for
 // an unreachable Redis or PostgreSQL), caFile (for rediss://: the PEM CA the server's certificate must
 // chain to). Ops: add, addBulk, getJob, getJobs, getJobCounts,
-// getState, queueCall, work, getJobsMany, groupAdd, migrate (see the handlers below).
+// getState, jobsRetry, queueCall, work, getJobsMany, groupAdd, groupFlow, oracle, migrate (see the handlers below).
 //
 // PostgreSQL instead of Redis (Node's own Postgres backend, see interop/backend.js): give
 //   {"postgres": "postgresql://postgres@127.0.0.1:5432/test", "schema": "s_xxx", "migrate": true}
@@ -189,11 +189,24 @@ const ops = {
   async getState({ id }, { queue }) {
     return queue.getJobState(id);
   },
+  // job.retry() (Bull-Board's Retry) on each job in turn: {ids, state} -> {at: [Date.now() after each]}
+  async jobsRetry({ ids, state = 'failed' }, { queue }) {
+    const at = [];
+    for (const id of ids) {
+      const job = await queue.getJob(id);
+      if (!job) throw new Error(`no job ${id}`);
+      await job.retry(state);
+      at.push(Date.now());
+    }
+    return { at };
+  },
   async queueCall({ method, args = [] }, { queue }) {
     if (typeof queue[method] !== 'function') throw new TypeError(`Queue has no method ${method}`);
     return plain(await queue[method](...args));
   },
   work,
+  // many questions about one queue, answered by Node's API (interop/oracle.js): {questions} -> [answers]
+  oracle: (args, ctx) => require('./oracle').answer(args, ctx),
   // many jobs of many queues (same prefix) in one process: {items: [{queue, id}]} -> {json: text of
   // [jobJSON | null]}, the text ASCII-only (\\uXXXX escapes): JSON.stringify leaves U+0085, U+2028
   // and U+2029 raw, which Python's str.splitlines() would take for line ends
@@ -221,6 +234,20 @@ const ops = {
     const ids = [];
     for (const j of jobs) ids.push(await producer.add(j.name, j.data ?? {}, j.opts ?? {}));
     return { ids };
+  },
+  // flows whose children may be group jobs: {flows, bulk?} -> {trees: [{id, children: [...]}]}. On
+  // Redis through interop/groups.js's GroupFlowProducer (group nodes by our addGroupJob script, in
+  // the flow's MULTI); on PostgreSQL Node's own FlowProducer (our trigger gates group jobs)
+  async groupFlow({ flows, bulk }, { backend: b }) {
+    const { GroupFlowProducer } = require('./groups');
+    const producer = b.kind === 'redis' ? new GroupFlowProducer(b.options()) : new b.FlowProducer(b.options());
+    const tree = (node) => ({ id: node.job.id, children: (node.children || []).map(tree) });
+    try {
+      const added = bulk ? await producer.addBulk(flows) : [await producer.add(flows[0])];
+      return { trees: added.map(tree) };
+    } finally {
+      await producer.close().catch(() => {});
+    }
   },
 };
 

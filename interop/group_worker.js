@@ -11,7 +11,7 @@
 // The handler of a job with data {g, s, sleepMs, fail, failTimes} records its run in Redis,
 // exactly as tests/group_helpers.py's Python processor does:
 //   INCR  <rec>:run:<g>            at start (the reply, n, is how many of g's jobs run now)
-//   RPUSH <rec>:starts {g,s,id,t0,n,w:"node",pid}   at start
+//   RPUSH <rec>:starts {g,s,id,t0,n,w:"node",pid,p}   at start (p: job.processedOn)
 //   ...sleep sleepMs...
 //   DECR  <rec>:run:<g>  and  RPUSH <rec> {g,s,id,t0,t1,n,w:"node",pid}   at the end
 // then throws when data.fail (UnrecoverableError: fails for good) or while
@@ -40,7 +40,8 @@ async function main() {
     const t0 = Date.now();
     const [[, n]] = await recorder.multi()
       .incr(`${rec}:run:${g}`)
-      .rpush(`${rec}:starts`, JSON.stringify({ g, s: data.s, id: job.id, t0, w: 'node', pid: process.pid }))
+      .rpush(`${rec}:starts`, JSON.stringify({ g, s: data.s, id: job.id, t0, w: 'node', pid: process.pid,
+        p: job.processedOn }))
       .exec();
     if (data.sleepMs) await sleep(data.sleepMs);
     const t1 = Date.now();

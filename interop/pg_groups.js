@@ -22,7 +22,7 @@
 //
 // The recording handler (`work`). Tables in the schema, created by the test beforehand
 // (tests/pg_group_interop_helpers.py): interop_group_run, interop_group_count,
-// interop_group_signal. For a job whose opts.group.id is g and data {s, sleepMs, fail, failUnless,
+// interop_group_signal. For a job whose opts.group.id is g (a plain job: '') and data {s, sleepMs, fail, failUnless,
 // holdUntil}:
 //   at start  n := ++interop_group_count[queue, g] (how many of g's jobs run now, this one included)
 //             INSERT interop_group_run (queue, g, s, job_id, w: 'node', name, pid, attempt, t0, n)
@@ -84,7 +84,7 @@ async function work(args, b) {
 
   async function handler(job) {
     const data = job.data || {};
-    const g = job.opts && job.opts.group ? job.opts.group.id : null;
+    const g = job.opts && job.opts.group ? job.opts.group.id : ''; // '': a plain job (a flow parent, say)
     const { rows } = await pool.query(START_SQL, [
       args.queue, g, data.s === undefined ? null : data.s, job.id, name, process.pid, job.attemptsStarted,
     ]);

@@ -4,7 +4,7 @@ Every handler — the Python one here and the Node one in interop/group_worker.j
 run in Redis the same way, so one checker covers Python workers, Node workers and both at once:
 
     INCR  <rec>:run:<g>   at start; the reply ``n`` is how many jobs of g run at that moment
-    RPUSH <rec>:starts    {"g","s","id","t0","w","pid"}                 at start
+    RPUSH <rec>:starts    {"g","s","id","t0","w","pid","p"}             at start (p: the job's processedOn)
     DECR  <rec>:run:<g>   and  RPUSH <rec> {"g","s","id","t0","t1","n","w","pid"}   at the end
 
 ``t0``/``t1`` are whole wall-clock milliseconds (floored, as Node's Date.now()), so a job that
@@ -27,7 +27,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, O
 import redis.asyncio as aioredis
 
 from bullmq_compat import Queue, Worker
-from tests.node import INTEROP, NodeProcess, stop_process
+from tests.node import INTEROP, NodeProcess, exited, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -81,7 +81,8 @@ def recording_processor(redis_url: str, rec: str, *, fail_reason: str = "failing
         t0 = now_ms()
         pipe = client.pipeline(transaction=True)
         pipe.incr(f"{rec}:run:{g}")
-        pipe.rpush(f"{rec}:starts", json.dumps({"g": g, "s": s, "id": job.id, "t0": t0, "w": "py", "pid": pid}))
+        pipe.rpush(f"{rec}:starts", json.dumps({"g": g, "s": s, "id": job.id, "t0": t0, "w": "py", "pid": pid,
+                                                "p": job.processed_on}))
         n, _ = await pipe.execute()
         if data.get("sleepMs"):
             await asyncio.sleep(data["sleepMs"] / 1000)
@@ -276,7 +277,8 @@ class Proc:
         assert self.proc is not None
         self.killed_at = now_ms()
         self.proc.send_signal(signal.SIGKILL)
-        await self.proc.wait()
+        if not await exited(self.proc, 30):
+            raise AssertionError(f"{self.argv[:3]} pid {self.proc.pid}: not reaped 30 s after SIGKILL")
         return self.killed_at
 
     async def stderr(self) -> str:

@@ -159,11 +159,11 @@ def pg_worker_proc(url: str, schema: str, queue: str, rec_dir: Path, *, name: st
                 "--drain-delay", str(drain_delay), "--name", name)
 
 
-def read_run_files(rec_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(starts, ends) of every ``*.jsonl`` record file of ``rec_dir``, each by time (`check_runs`
-    reads a group's start order from the order of ``starts``: one file per process is not it)."""
-    starts: list[dict[str, Any]] = []
-    ends: list[dict[str, Any]] = []
+def read_run_records(rec_dir: Path) -> dict[str, list[dict[str, Any]]]:
+    """Every record of every ``*.jsonl`` file of ``rec_dir`` by kind ("start", "end", "fin", "lag"; the
+    "k" field dropped), each list in time order (`check_runs` reads a group's start order from the
+    order of ``starts``: one file per process is not it)."""
+    out: dict[str, list[dict[str, Any]]] = {"start": [], "end": [], "fin": [], "lag": []}
     for path in sorted(rec_dir.glob("*.jsonl")):
         for line in path.read_text().splitlines():
             if not line.strip():
@@ -172,10 +172,16 @@ def read_run_files(rec_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, 
                 entry = json.loads(line)
             except ValueError:  # a line cut by a SIGKILL mid-write (write(2) of a short line: not seen)
                 continue
-            (starts if entry.pop("k") == "start" else ends).append(entry)
-    starts.sort(key=lambda st: st["t0"])
-    ends.sort(key=lambda e: e["t1"])
-    return starts, ends
+            out[entry.pop("k")].append(entry)
+    for kind, key in (("start", "t0"), ("end", "t1"), ("fin", "t"), ("lag", "t")):
+        out[kind].sort(key=lambda rec: rec[key])
+    return out
+
+
+def read_run_files(rec_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(starts, ends) of `read_run_records`."""
+    records = read_run_records(rec_dir)
+    return records["start"], records["end"]
 
 
 async def final_states(url: str, schema: str, queue: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -194,14 +200,18 @@ async def final_states(url: str, schema: str, queue: str, ids: Sequence[str]) ->
     return out
 
 
-async def finish_events(url: str, schema: str, queue: str) -> dict[str, Counter[str]]:
-    """'completed'/'failed'/'stalled' events per job id, from the queue's event table."""
-    counts: dict[str, Counter[str]] = {"completed": Counter(), "failed": Counter(), "stalled": Counter()}
+async def finish_events(url: str, schema: str, queue: str) -> dict[str, Any]:
+    """'completed'/'failed'/'stalled' events per job id (Counters), from the queue's event table, and
+    ``stalled_at``: job id -> the times (ms) of its 'stalled' events (chaos_helpers' shape)."""
+    counts: dict[str, Any] = {"completed": Counter(), "failed": Counter(), "stalled": Counter(),
+                              "stalled_at": defaultdict(list)}
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        cur = await conn.execute(f'SELECT event, data->>\'jobId\' FROM "{schema}".event WHERE queue = %s '
-                                 "AND event IN ('completed', 'failed', 'stalled')", [queue])
-        for event, job_id in await cur.fetchall():
+        cur = await conn.execute(f'SELECT event, data->>\'jobId\', created_at_ms FROM "{schema}".event '
+                                 "WHERE queue = %s AND event IN ('completed', 'failed', 'stalled')", [queue])
+        for event, job_id, at in await cur.fetchall():
             counts[event][job_id] += 1
+            if event == "stalled":
+                counts["stalled_at"][job_id].append(int(at))
     return counts
 
 

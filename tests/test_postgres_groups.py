@@ -207,6 +207,14 @@ async def _waiting_for_a_lock(postgres_url: str, conn: Any) -> bool:
     return bool(rows[0][0])
 
 
+async def _blocked(postgres_url: str, conn: Any, statement: str, what: str) -> "asyncio.Future[Any]":
+    """``statement`` started on ``conn``, once PostgreSQL shows it waiting for a lock."""
+    running = asyncio.ensure_future(conn.execute(statement))
+    await wait_for(lambda: _waiting_for_a_lock(postgres_url, conn), 30, what)
+    assert not running.done()
+    return running
+
+
 async def test_group_locks_are_waited_for_in_one_order_and_a_lock_out_of_order_fails_at_once(
         postgres_url: str, gschema: str) -> None:
     """Finishes of different groups take per-group locks (they commit in parallel); a transaction
@@ -220,13 +228,12 @@ async def test_group_locks_are_waited_for_in_one_order_and_a_lock_out_of_order_f
     try:
         await one.execute("SELECT bullmq_compat_lock_group('q', 'b')")
         await asyncio.wait_for(two.execute("SELECT bullmq_compat_lock_group('q', 'a')"), 10)  # another group: no wait
-        waiter = asyncio.ensure_future(two.execute("SELECT bullmq_compat_lock_group('q', 'b')"))  # in order: waits
-        await wait_for(lambda: _waiting_for_a_lock(postgres_url, two), 30, "the in-order lock to wait")
-        assert not waiter.done()
-        started = time.monotonic()
+        waiter = await _blocked(postgres_url, two, "SELECT bullmq_compat_lock_group('q', 'b')",  # in order: waits
+                                "the in-order lock to wait")
+        # out of order, busy: fails at once with our message (a wait would end in PostgreSQL's own
+        # deadlock error, whose message is not this one)
         with pytest.raises(psycopg.errors.DeadlockDetected, match="'a' of queue 'q' is busy and comes before"):
-            await one.execute("SELECT bullmq_compat_lock_group('q', 'a')")  # out of order, busy: fails
-        assert time.monotonic() - started < 0.9  # (PostgreSQL's own detection would wait deadlock_timeout, 1 s)
+            await one.execute("SELECT bullmq_compat_lock_group('q', 'a')")
         await one.execute("ROLLBACK")
         await asyncio.wait_for(waiter, 30)  # the waiter goes on
         await two.execute("SELECT bullmq_compat_lock_group('q', 'a')")  # held already: out of order is fine
@@ -251,8 +258,8 @@ async def test_a_finish_whose_flow_parent_is_of_an_earlier_group_locks_the_paren
     finisher = await _gate_session(postgres_url, gschema, "group")
     try:
         await holder.execute("SELECT bullmq_compat_lock_group('q', 'a')")
-        finish = asyncio.ensure_future(finisher.execute("UPDATE job SET state = 'completed' WHERE queue = 'q' AND id = 'C'"))
-        await wait_for(lambda: _waiting_for_a_lock(postgres_url, finisher), 30, "the finish to wait for 'a'")
+        finish = await _blocked(postgres_url, finisher, "UPDATE job SET state = 'completed' WHERE queue = 'q' AND id = 'C'",
+                                "the finish to wait for 'a'")
         await holder.execute("COMMIT")
         await asyncio.wait_for(finish, 30)
         # upstream's move of the parent: its group's lock is held already
@@ -276,14 +283,13 @@ async def test_a_statement_of_several_jobs_takes_the_queues_whole_gate(postgres_
     other = await _gate_session(postgres_url, gschema, "group")
     try:
         await finisher.execute("SELECT bullmq_compat_lock_group('q', 'a')")
-        waiter = asyncio.ensure_future(bulk.execute("SELECT bullmq_compat_lock_group('q', 'z')"))
-        await wait_for(lambda: _waiting_for_a_lock(postgres_url, bulk), 30, "the whole gate to wait")
+        waiter = await _blocked(postgres_url, bulk, "SELECT bullmq_compat_lock_group('q', 'z')", "the whole gate to wait")
         await finisher.execute("COMMIT")
         await asyncio.wait_for(waiter, 30)
         assert (await (await bulk.execute("SELECT current_setting('bullmq_compat.gate_mode')")).fetchone()) == (
             "queue",)
-        blocked = asyncio.ensure_future(other.execute("SELECT bullmq_compat_lock_group('q', 'b')"))
-        await wait_for(lambda: _waiting_for_a_lock(postgres_url, other), 30, "a group decision to wait")
+        blocked = await _blocked(postgres_url, other, "SELECT bullmq_compat_lock_group('q', 'b')",
+                                 "a group decision to wait")
         await bulk.execute("COMMIT")
         await asyncio.wait_for(blocked, 30)
     finally:
@@ -806,7 +812,8 @@ async def test_installing_twice_is_a_no_op_and_install_refuses_a_schema_node_has
     assert "bullmq_compat_take_group_jobs" in ours["functions"]
     before = await all_objects(postgres_url, pg_schema)
     ledger = await sql_rows(postgres_url, f'SELECT version, name, applied_at FROM "{pg_schema}".bullmq_compat_migration')
-    assert [(v, n) for v, n, _ in ledger] == [(1, "0001_group_gate")]
+    assert [(v, n) for v, n, _ in ledger] == [(1, "0001_group_gate"), (2, "0002_group_max_size"), (3, "0003_group_priority"),
+        (4, "0004_group_rate_limit")]
     assert await migrate_postgres(postgres_url, pg_schema, groups=True) == 11
     assert await all_objects(postgres_url, pg_schema) == before  # nothing dropped and made again
     assert await sql_rows(postgres_url, f'SELECT version, name, applied_at FROM "{pg_schema}".bullmq_compat_migration'

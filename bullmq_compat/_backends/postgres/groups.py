@@ -17,11 +17,12 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from bullmq_compat._backends.base import GroupGate
 from bullmq_compat._backends.postgres import migrator, sql
-from bullmq_compat._errors import GroupsNotInstalled, SchemaMigrationRequired
+from bullmq_compat._errors import GroupsNotInstalled, InvalidArgument, SchemaMigrationRequired
+from bullmq_compat._groups import held_priority_refusal
 
 if TYPE_CHECKING:
     import psycopg
@@ -35,6 +36,10 @@ GROUPS_ADVISORY_LOCK_KEY = 0x42514347
 #: build's triggers stand in for these) is repaired
 TRIGGERS = ("bullmq_compat_gate_insert", "bullmq_compat_gate_update", "bullmq_compat_release_delete",
             "bullmq_compat_gated_events")
+#: the version of our objects that has group rate limits (groups_sql/0004_group_rate_limit.sql)
+RATE_LIMIT_VERSION = 4
+#: bullmq_compat_rate_limit_job's refusal (BM001, DETAIL) for a job that is not a group job
+NOT_A_GROUP_JOB = -9
 _MIGRATION_FILE = re.compile(r"(\d{4})_[a-z0-9_]+\.sql\Z")
 
 
@@ -161,6 +166,48 @@ class PostgresGroups(GroupGate):
     async def set_paused(self, gid: str, paused: bool) -> None:
         await self._set(gid, "paused", 1 if paused else 0)
 
+    async def _rate_call(self, text: str, params: list[Any], *, job_id: Optional[str] = None) -> sql.Result:
+        """A call of our version-3 functions (group rate limits)."""
+        await self.backend.ensure_groups(RATE_LIMIT_VERSION)
+        try:
+            return await self.backend.connection.execute(text, params)
+        except Exception as err:
+            mapped = sql.domain_error(err, job_id=job_id, command="rateLimitGroup", state="active")
+            if mapped is not None:
+                if getattr(mapped, "code", None) == NOT_A_GROUP_JOB:
+                    raise InvalidArgument(
+                        f"job {job_id}: rate_limit_group needs a group job (this one has no group)") from None
+                raise mapped from None
+            raise
+
+    async def set_rate_limit(self, gid: Optional[str], limit: Optional[tuple[int, int]]) -> None:
+        max_jobs, duration = limit if limit is not None else (None, None)
+        await self._rate_call("SELECT bullmq_compat_set_group_rate_limit($1, $2, $3, $4, $5) AS n",
+                              [self.backend.name, gid, max_jobs, duration, _now()])
+
+    async def get_rate_limit(self, gid: Optional[str]) -> Optional[tuple[int, int]]:
+        if gid is None:
+            result = await self._rate_call(
+                "SELECT rate_max AS max, rate_duration_ms AS duration_ms FROM bullmq_compat_group_queue "
+                "WHERE queue = $1", [self.backend.name])
+        else:
+            result = await self._rate_call("SELECT max, duration_ms FROM bullmq_compat_rate_limit($1, $2)",
+                                           [self.backend.name, gid])
+        row = result.rows[0] if result.rows else None
+        if row is None or row["max"] is None:
+            return None
+        return int(row["max"]), int(row["duration_ms"])
+
+    async def rate_limit_ttl(self, gid: str) -> int:
+        result = await self._rate_call("SELECT bullmq_compat_group_rate_ttl($1, $2, $3) AS ttl",
+                                       [self.backend.name, gid, _now()])
+        return max(0, int(result.rows[0]["ttl"] or 0))
+
+    async def rate_limit_job(self, job_id: str, token: str, ms: int) -> int:
+        result = await self._rate_call("SELECT bullmq_compat_rate_limit_job($1, $2, $3, $4, $5) AS ms",
+                                       [self.backend.name, job_id, token, ms, _now()], job_id=job_id)
+        return int(result.rows[0]["ms"])
+
     async def _settings(self, gid: str) -> dict[str, Any]:
         result = await self._call("SELECT * FROM bullmq_compat_group_settings($1, $2)", [self.backend.name, gid])
         return result.rows[0]
@@ -192,10 +239,50 @@ class PostgresGroups(GroupGate):
             f"LIMIT {limit} OFFSET $3", [self.backend.name, gid, max(0, start)])
         return [str(row["id"]) for row in result.rows]
 
+    async def counts_per_priority(self, gid: str, priorities: Sequence[int]) -> list[int]:
+        await self.backend.ensure_groups(3)
+        result = await self._call(
+            f"SELECT bullmq_compat_group_priority(opts) AS p, count(*)::int AS n {self._HELD} "
+            "AND bullmq_compat_group_priority(opts) = ANY($3::bigint[]) GROUP BY 1",
+            [self.backend.name, gid, [int(p) for p in priorities]])
+        counts = {int(row["p"]): int(row["n"]) for row in result.rows}
+        return [counts.get(int(p), 0) for p in priorities]
+
+    async def change_held_priority(self, job_id: str, priority: int, lifo: bool) -> bool:
+        await self.backend.ensure_groups(3)
+        result = await self._call("SELECT bullmq_compat_change_group_priority($1, $2, $3, $4) AS code",
+                                  [self.backend.name, job_id, int(priority), bool(lifo)])
+        code = int(result.rows[0]["code"])
+        refused = held_priority_refusal(code, job_id, priority)
+        if refused is not None:
+            raise refused
+        return code == 1
+
+    async def held_total(self, batch: int) -> int:
+        result = await self._call("SELECT count(*)::int AS n FROM job WHERE queue = $1 AND opts ? 'group' "
+                                  "AND state = 'waiting-children' AND pending_deps = 0", [self.backend.name])
+        return int(result.rows[0]["n"])
+
+    async def active_count(self, gid: str) -> int:
+        result = await self._call("SELECT count(*)::int AS n FROM job WHERE queue = $1 AND opts ? 'group' "
+                                  "AND bullmq_compat_gid(opts) = $2 AND state = 'active'", [self.backend.name, gid])
+        return int(result.rows[0]["n"])
+
     async def list(self) -> list[dict[str, Any]]:
         result = await self._call("SELECT * FROM bullmq_compat_list_groups($1)", [self.backend.name])
-        return [{"id": row["gid"], "waiting": int(row["waiting"]), "running": int(row["running"]),
-                 "paused": bool(row["paused"]), "concurrency": int(row["concurrency"])} for row in result.rows]
+        groups = [{"id": row["gid"], "waiting": int(row["waiting"]), "running": int(row["running"]),
+                   "paused": bool(row["paused"]), "concurrency": int(row["concurrency"])} for row in result.rows]
+        if groups and getattr(self.backend.connection, "groups_version", 0) >= RATE_LIMIT_VERSION:
+            rates = await self.backend.connection.execute("SELECT * FROM bullmq_compat_list_group_rates($1, $2)",
+                                                          [self.backend.name, _now()])
+            by_gid = {row["gid"]: row for row in rates.rows}
+            for group in groups:
+                row = by_gid.get(group["id"])
+                if row is not None:
+                    group["rate_limit"] = (None if row["rate_max"] is None else
+                                           {"max": int(row["rate_max"]), "duration": int(row["rate_duration_ms"])})
+                    group["rate_limit_ttl"] = max(0, int(row["ttl"] or 0))
+        return groups
 
     async def delete_held(self, gid: str) -> int:
         result = await self._call("SELECT bullmq_compat_delete_group_jobs($1, $2) AS n", [self.backend.name, gid])

@@ -21,6 +21,8 @@ import redis.exceptions as redis_exc
 from bullmq_compat._backends.base import GroupGate
 from bullmq_compat._backends.redis.keys import QueueKeys
 from bullmq_compat._backends.redis.lua import Script, own_script
+from bullmq_compat._errors import InvalidArgument, script_error
+from bullmq_compat._groups import held_priority_refusal
 from bullmq_compat._wire import codec
 
 if TYPE_CHECKING:
@@ -30,6 +32,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("bullmq_compat.groups")
 
 GROUP_SEQ_DIGITS = 15  # as in lua/includes/groupGate.lua
+#: a held job with group priority p >= 1 is scored GROUP_PRIORITY_BASE + p (groupOrderScore)
+GROUP_PRIORITY_BASE = 2 ** 42
 
 
 def add_script() -> Script:
@@ -51,8 +55,33 @@ def release_call(keys: QueueKeys, job_id: str, gid: str) -> tuple[Script, list[s
     return update_script(), gate_keys(keys), [keys.prefix_key, "release", job_id, gid, int(time.time() * 1000)]
 
 
+def gate_scheduler_jobs_call(keys: QueueKeys, job_ids: Sequence[str]) -> tuple[Script, list[str], list[Any]]:
+    """Put jobs made by upstream's scheduler scripts alone (a Node worker's updateJobScheduler) whose
+    options hold a group through their group's gate (idempotent; see lua/includes/groupSchedulerJob)."""
+    return (own_script("gateSchedulerJobs-12.lua"), [*gate_keys(keys), keys.paused],
+            [keys.prefix_key, int(time.time() * 1000), *job_ids])
+
+
 def update_call(keys: QueueKeys, op: str, arg: Any = "", arg2: Any = "") -> tuple[Script, list[str], list[Any]]:
     return update_script(), gate_keys(keys), [keys.prefix_key, op, arg, arg2, int(time.time() * 1000)]
+
+
+def regate_call(keys: QueueKeys, job_id: str) -> tuple[Script, list[str], list[Any]]:
+    """Put ``job_id`` back behind its group's gate after a retry that bypassed it (Node's)."""
+    return (own_script("regateRetriedJob-12.lua"), [*gate_keys(keys), keys.paused],
+            [keys.prefix_key, job_id, int(time.time() * 1000)])
+
+
+#: updateGroups' "ratelimit" answer for a job that is not a group job
+NOT_A_GROUP_JOB = -9
+
+
+def parse_rate_limit(spec: Any) -> Optional[tuple[int, int]]:
+    """A stored rate limit ``"<max>:<duration>"`` → ``(max, duration)``; None for none."""
+    if not spec:
+        return None
+    max_jobs, _, duration = str(spec).partition(":")
+    return int(max_jobs), int(duration)
 
 
 def held_job_id(member: str) -> str:
@@ -70,6 +99,8 @@ class GroupKeeper:
     """
 
     FINISH_EVENTS = frozenset({"completed", "failed", "removed"})
+    #: the ``prev`` of the 'waiting' event upstream's retries (reprocessJob, moveJobsToWait) emit
+    RETRY_PREV = frozenset({"failed", "completed"})
     #: how many released jobs' groups a keeper remembers (see `learn`); past it, the oldest are
     #: forgotten (their finish is then noticed by a sweep if their hash is gone)
     MAX_KNOWN = 200_000
@@ -78,35 +109,45 @@ class GroupKeeper:
     SWEEP_DUTY_FACTOR = 20
 
     def __init__(self, queue_name: str, connection: "Connection" = None, *, prefix: str = "bull",
-                 sweep_interval: float = 5.0, block_ms: int = 5000, follow_stream: bool = True) -> None:
+                 sweep_interval: float = 5.0, block_ms: int = 5000, follow_stream: bool = True,
+                 regate_retries: bool = True) -> None:
         """A keeper for queue ``queue_name`` on Redis: sweeps every ``sweep_interval`` seconds and,
-        with ``follow_stream``, follows the events stream (each read blocking up to ``block_ms``)."""
+        with ``follow_stream``, follows the events stream (each read blocking up to ``block_ms``),
+        putting group jobs that a Node retry moved past their gate back behind it (``regate_retries``)."""
         from bullmq_compat._backends.redis.backend import RedisBackend
 
         self._queue: "RedisBackend" = RedisBackend(queue_name, connection, prefix=prefix)
         self.sweep_interval = sweep_interval
         self.block_ms = block_ms
         self.follow_stream = follow_stream
+        self.regate_retries = regate_retries
         self.closing = False
         self._blocking: Any = None
         self._task: Optional[asyncio.Task[None]] = None
         self.released = 0
         self.sweeps = 0
+        #: retried group jobs put back behind their gate / found started already (see `regate`)
+        self.regated = 0
+        self.regated_late = 0
         self._gids: dict[str, str] = {}
 
     @classmethod
-    def for_queue(cls, queue: Any, *, sweep_interval: float = 5.0, follow_stream: bool = True) -> "GroupKeeper":
+    def for_queue(cls, queue: Any, *, sweep_interval: float = 5.0, follow_stream: bool = True,
+                  regate_retries: bool = True) -> "GroupKeeper":
         """A keeper sharing an existing queue's (or worker's) connection."""
         keeper = cls.__new__(cls)
         keeper._queue = getattr(queue, "backend", queue)
         keeper.sweep_interval = sweep_interval
         keeper.block_ms = 5000
         keeper.follow_stream = follow_stream
+        keeper.regate_retries = regate_retries
         keeper.closing = False
         keeper._blocking = None
         keeper._task = None
         keeper.released = 0
         keeper.sweeps = 0
+        keeper.regated = 0
+        keeper.regated_late = 0
         keeper._gids = {}
         return keeper
 
@@ -126,7 +167,20 @@ class GroupKeeper:
                 break
         self.released += total
         self.sweeps += 1
+        await self.gate_scheduler_jobs()
         return total
+
+    async def gate_scheduler_jobs(self, job_ids: Optional[Sequence[str]] = None) -> int:
+        """Gate the jobs of schedulers with a group template that a Node worker made (upstream's
+        updateJobScheduler knows no gate): ``job_ids`` (from "added" events), or, as a sweep's
+        repair, each scheduler's next job (up to 1,000 schedulers per sweep)."""
+        queue = self._queue
+        if job_ids is None:
+            entries = await queue.client.zrange(queue.keys.repeat, 0, 999, withscores=True)
+            job_ids = [f"repeat:{codec.to_str(member)}:{int(score)}" for member, score in entries]
+        if not job_ids:
+            return 0
+        return int(await queue.runner.call(*gate_scheduler_jobs_call(queue.keys, job_ids)))
 
     async def sweep_if_due(self) -> Optional[int]:
         """Sweep unless another keeper of this queue (every Worker runs one) swept within the last
@@ -212,6 +266,19 @@ class GroupKeeper:
         self.released += released
         return released
 
+    async def regate(self, job_ids: Sequence[str]) -> int:
+        """Put these jobs, which a retry of upstream's moved to wait (their 'waiting' event, prev
+        failed or completed, without our "gid"), back behind their groups' gates; returns how many.
+        A plain job, or a group job its gate released itself, is left alone (in the script). One
+        that a worker took first is counted in its group's running set while it runs (`regated_late`
+counts those, and those already finished again)."""
+        queue = self._queue
+        results = await queue.runner.call_many([regate_call(queue.keys, job_id) for job_id in dict.fromkeys(job_ids)])
+        regated = sum(1 for r in results if r == 1)
+        self.regated += regated
+        self.regated_late += sum(1 for r in results if r in (2, 3))
+        return regated
+
     async def run(self) -> None:
         """Follow the events stream (XREAD BLOCK) and sweep every ``sweep_interval`` seconds.
 
@@ -253,7 +320,8 @@ class GroupKeeper:
                 block = max(1, min(self.block_ms, int((next_sweep - time.monotonic()) * 1000)))
                 reply = await self._blocking.xread({queue.keys.events: last_id}, count=1000, block=block)
                 trouble = False
-            except (redis_exc.ConnectionError, redis_exc.TimeoutError, OSError, ConnectionError) as err:
+            except (redis_exc.ConnectionError, redis_exc.TimeoutError, OSError, ConnectionError,
+                    redis_exc.OutOfMemoryError) as err:  # OOM: Redis full (noeviction), refused whole
                 if self.closing:
                     break
                 if not trouble:
@@ -263,6 +331,8 @@ class GroupKeeper:
                 continue
             finished: list[str] = []
             delayed: list[str] = []
+            retried: list[str] = []
+            scheduled: list[str] = []
             for _stream, entries in reply or []:
                 for entry_id, fields in entries:
                     last_id = codec.to_str(entry_id)
@@ -275,10 +345,18 @@ class GroupKeeper:
                         finished.append(job_id)
                     elif event == "waiting" and fields.get("gid"):  # released by a gate (ours)
                         self.learn(job_id, fields["gid"])
+                    elif event == "waiting" and fields.get("prev") in self.RETRY_PREV and self.regate_retries:
+                        retried.append(job_id)  # upstream's retry: past the gate, if a group job
                     elif event == "delayed" and job_id not in self._gids:
                         delayed.append(job_id)
+                    if event == "added" and job_id.startswith("repeat:"):  # a scheduler's job: a group's?
+                        scheduled.append(job_id)
+            if scheduled:  # (before the releases: the batch's finishes come after these adds)
+                await self.gate_scheduler_jobs(scheduled)
             if delayed:
                 await self.learn_delayed(delayed)
+            if retried:
+                await self.regate(retried)
             if finished:
                 await self.release(finished)
 
@@ -288,7 +366,8 @@ class GroupKeeper:
             try:
                 await self.sweep_if_due()
                 trouble = False
-            except (redis_exc.ConnectionError, redis_exc.TimeoutError, OSError, ConnectionError) as err:
+            except (redis_exc.ConnectionError, redis_exc.TimeoutError, OSError, ConnectionError,
+                    redis_exc.OutOfMemoryError) as err:  # OOM: Redis full (noeviction), refused whole
                 if self.closing:
                     break
                 if not trouble:
@@ -337,6 +416,26 @@ class RedisGroups(GroupGate):
     async def set_ordering_delay(self, gid: Optional[str], ms: Optional[int]) -> None:
         await self.op("odelay", "*" if gid is None else gid, "" if ms is None else ms)
 
+    async def set_rate_limit(self, gid: Optional[str], limit: Optional[tuple[int, int]]) -> None:
+        await self.op("rlimit", "*" if gid is None else gid, "" if limit is None else f"{limit[0]}:{limit[1]}")
+
+    async def get_rate_limit(self, gid: Optional[str]) -> Optional[tuple[int, int]]:
+        b = self.backend
+        own, default = codec.to_str(await b.client.hmget(b.keys.prefix_key + "grp:rlim", "*" if gid is None else gid,
+                                                         "*"))
+        return parse_rate_limit(own or default)
+
+    async def rate_limit_ttl(self, gid: str) -> int:
+        return max(0, int(await self.op("rlttl", gid)))
+
+    async def rate_limit_job(self, job_id: str, token: str, ms: int) -> int:
+        reply = await self.op("ratelimit", job_id, f"{ms}:{token}")
+        if isinstance(reply, int) and reply < 0:
+            if reply == NOT_A_GROUP_JOB:
+                raise InvalidArgument(f"job {job_id}: rate_limit_group needs a group job (this one has no group)")
+            raise script_error(reply, job_id=job_id, command="rateLimitGroup", state="active")
+        return int(reply)
+
     async def set_paused(self, gid: str, paused: bool) -> None:
         await self.op("pause" if paused else "resume", gid)
 
@@ -366,6 +465,52 @@ class RedisGroups(GroupGate):
         members = codec.to_str(await b.client.zrange(b.keys.prefix_key + "grp:held:" + gid, start, end))
         return [held_job_id(m) for m in members]
 
+    async def counts_per_priority(self, gid: str, priorities: Sequence[int]) -> list[int]:
+        b = self.backend
+        key = b.keys.prefix_key + "grp:held:" + gid
+        pipe = b.client.pipeline(transaction=False)
+        for priority in priorities:
+            if priority > 0:
+                score = GROUP_PRIORITY_BASE + priority
+                pipe.zcount(key, score, score)
+            else:  # the unprioritised: scored by their order, below GROUP_PRIORITY_BASE
+                pipe.zcount(key, "-inf", f"({GROUP_PRIORITY_BASE}")
+        return [int(n) for n in await pipe.execute()]
+
+    async def change_held_priority(self, job_id: str, priority: int, lifo: bool) -> bool:
+        b = self.backend
+        result = int(await b.runner.call(own_script("changeGroupPriority-11.lua"), gate_keys(b.keys),
+                                         [b.keys.prefix_key, job_id, priority, 1 if lifo else 0]))
+        refused = held_priority_refusal(result, job_id, priority)
+        if refused is not None:
+            raise refused
+        return result == 1
+
+    async def held_total(self, batch: int) -> int:
+        b = self.backend
+        base = b.keys.prefix_key
+        total, cursor = 0, 0
+        while True:  # the group index a batch at a time (SSCAN), each batch's held counts in one round trip
+            cursor, gids = await b.client.sscan(base + "grp:index", cursor, count=batch)
+            if gids:
+                pipe = b.client.pipeline(transaction=False)
+                for gid in codec.to_str(gids):
+                    pipe.zcard(base + "grp:held:" + gid)
+                total += sum(int(n) for n in await pipe.execute())
+            if int(cursor) == 0:
+                return total
+
+    async def active_count(self, gid: str) -> int:
+        """The group's released jobs (``grp:run:<gid>``: waiting or active) that are in the active list."""
+        b = self.backend
+        released = codec.to_str(await b.client.smembers(b.keys.prefix_key + "grp:run:" + gid))
+        if not released:
+            return 0
+        pipe = b.client.pipeline(transaction=False)
+        for job_id in released:
+            pipe.lpos(b.keys.active, job_id)
+        return sum(1 for pos in await pipe.execute() if pos is not None)
+
     async def list(self) -> list[dict[str, Any]]:
         """Every group with jobs: ``{"id", "waiting", "running", "paused", "concurrency"}``, by id."""
         b = self.backend
@@ -379,12 +524,22 @@ class RedisGroups(GroupGate):
             pipe.scard(base + "grp:run:" + gid)
             pipe.sismember(base + "grp:paused", gid)
             pipe.hmget(base + "grp:conc", gid, "*")
+            pipe.hmget(base + "grp:rlim", gid, "*")
+            pipe.pttl(base + "grp:rlt:" + gid)
         replies = await pipe.execute() if ordered else []
         groups = []
         for i, gid in enumerate(ordered):
-            held, running, paused, conc = replies[4 * i: 4 * i + 4]
-            groups.append({"id": gid, "waiting": int(held), "running": int(running), "paused": bool(paused),
-                           "concurrency": int(conc[0] or conc[1] or 1)})
+            held, running, paused, conc, rlim, manual_ttl = replies[6 * i: 6 * i + 6]
+            limit = parse_rate_limit(codec.to_str(rlim[0] or rlim[1]))
+            group: dict[str, Any] = {"id": gid, "waiting": int(held), "running": int(running),
+                                     "paused": bool(paused), "concurrency": int(conc[0] or conc[1] or 1)}
+            if limit is not None or int(manual_ttl) > 0:  # a rate limit in force (set, or rate_limit_group's)
+                group["rate_limit"] = None if limit is None else {"max": limit[0], "duration": limit[1]}
+                group["rate_limit_ttl"] = max(0, int(manual_ttl))
+            groups.append(group)
+        for group in groups:  # the ttl of a limit by count needs the group's starts: one script call each
+            if group.get("rate_limit") is not None:
+                group["rate_limit_ttl"] = await self.rate_limit_ttl(group["id"])
         return groups
 
     async def sweep(self) -> int:

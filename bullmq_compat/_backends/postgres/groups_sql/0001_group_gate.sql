@@ -34,11 +34,12 @@
 -- on every statement and cost ungrouped jobs about 7 us per update): the rest of the test is in the
 -- functions, which only group jobs reach.
 --
--- Locks. A queue's gate decisions are serialised by a transaction-scoped advisory lock per queue
--- (two int4 keys, a space upstream's single-key locks do not use; one lock, so transactions that
--- touch several groups cannot deadlock on it), always taken while the job row that fired the
+-- Locks (bullmq_compat_lock_group). Transaction-scoped advisory locks (two int4 keys, a space
+-- upstream's single-key locks do not use): a one-job call of upstream's takes its queue's gate
+-- shared and its group's lock, waited for in one (queue, group id) order only; any other statement
+-- takes the queue's gate exclusively. They are always taken while the job row that fired the
 -- trigger is locked, and before any held row is locked. Nothing that locks a held row waits for
--- the gate lock (deleting or changing a held job fires no trigger of ours), so no cycle can form.
+-- a gate lock (deleting or changing a held job fires no trigger of ours that locks).
 
 CREATE TABLE bullmq_compat_group (
   queue             text    NOT NULL,
@@ -437,14 +438,16 @@ CREATE FUNCTION bullmq_compat_release_trigger() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
+DECLARE
+  v_gid text;
 BEGIN
   IF pg_trigger_depth() > 1 OR OLD.state NOT IN ('waiting', 'active', 'delayed') THEN
     RETURN NULL; -- our own release, or a job that was not running
   END IF;
-  IF bullmq_compat_gid(OLD.opts) IS NOT NULL THEN
-    PERFORM bullmq_compat_lock_group(OLD.queue, bullmq_compat_gid(OLD.opts));
-    PERFORM bullmq_compat_release_locked(OLD.queue, bullmq_compat_gid(OLD.opts),
-                                         (extract(epoch FROM clock_timestamp()) * 1000)::bigint);
+  v_gid := bullmq_compat_gid(OLD.opts);
+  IF v_gid IS NOT NULL THEN
+    PERFORM bullmq_compat_lock_group(OLD.queue, v_gid);
+    PERFORM bullmq_compat_release_locked(OLD.queue, v_gid, (extract(epoch FROM clock_timestamp()) * 1000)::bigint);
   END IF;
   RETURN NULL;
 END;

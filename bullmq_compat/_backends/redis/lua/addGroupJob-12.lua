@@ -30,14 +30,27 @@
     ARGV[7] "1" when ARGV[5] is a producer's order_ms, "0" when it is the add timestamp (absent,
             from older callers: an order_ms is one other than the timestamp)
 
-    Output: jobId (a deduplicated add: the existing job's id); -100 when the job has a flow parent
-    (group jobs cannot be flow children); -101 for a keepLastIfActive add whose deduplication id's
-    job is an active job that is not a group job (nothing would create the kept job behind the gate)
+    A flow child (args[5] parentKey, [6] the parent's dependencies key, [7] the parent link, [10]
+    defer the parent's release: flow inserts) is linked to its parent exactly as upstream's add
+    links one (the parent must exist, else -5; a custom id that exists is handled by upstream's
+    handleDuplicatedJob), whether it is released or held: a held child is one of the parent's
+    pending dependencies like any other, and upstream's finish of it moves the parent as usual.
+
+    Output: jobId (a deduplicated add: the existing job's id); -5 when the flow parent is missing;
+    -7 when a custom id that exists belongs to another parent; -110 when opts.group.priority is not
+    an integer from 0 to 2097151, -111 when it is >= 1 and ARGV[5] is an order_ms (nothing is
+    written, no id taken); -101 for a keepLastIfActive add whose deduplication id's
+    job is an active job that is not a group job (nothing would create the kept job behind the gate);
+    -102 when opts.group.maxSize is given and the group already holds that many jobs not started
+    (groupIsFull): nothing is written, and no id is taken -- but for an add whose deduplication id
+    names a job now, which is decided after upstream's deduplication (a deduplicated add is never
+    refused; if this one is, the deduplication key it set is removed, and its id was taken)
 ]]
 local rcall = redis.call
 local q = nil
 
 --- @include "<upstream>/includes/deduplicateJob"
+--- @include "<upstream>/includes/handleDuplicatedJob"
 --- @include "<upstream>/includes/storeJob"
 --- @include "includes/groupGate"
 
@@ -48,8 +61,30 @@ local gid = ARGV[4]
 local now = tonumber(ARGV[6])
 local prefix = args[1]
 
-if args[5] ~= nil then
-  return -100
+-- a flow child: linked to its parent as upstream's add links one (see the top)
+local parentKey = args[5]
+local parentDependenciesKey = args[6]
+local parentData = nil
+if parentKey ~= nil then
+  if rcall("EXISTS", parentKey) ~= 1 then
+    return -5
+  end
+  parentData = cjson.encode(args[7])
+end
+
+-- group priority (opts.group.priority): an integer from 0 to GROUP_PRIORITY_LIMIT, and none >= 1 with
+-- an order_ms (a prioritised job is ordered by its priority alone); refused before anything is written
+do
+  local group = opts["group"]
+  local p = type(group) == "table" and group["priority"] or nil
+  if p ~= nil then
+    if type(p) ~= "number" or p < 0 or p > GROUP_PRIORITY_LIMIT or p ~= math.floor(p) then
+      return -110
+    end
+    if p > 0 and (ARGV[7] == "1" or (ARGV[7] == nil and tonumber(ARGV[5]) ~= tonumber(args[4]))) then
+      return -111
+    end
+  end
 end
 
 local deduplicationKey = args[9]
@@ -76,6 +111,19 @@ if deid and deduplicationKey and deOpts["keepLastIfActive"] then
   end
 end
 
+-- max group size: decided before anything is written, unless the add may be answered by an
+-- existing job (a custom id that exists; a deduplication id that names a job: checked after
+-- upstream's deduplication, below)
+local maxSize = type(opts["group"]) == "table" and tonumber(opts["group"]["maxSize"]) or nil
+local sizeAfterDedup = false
+if maxSize and not keptBehind and not (args[2] ~= "" and rcall("EXISTS", prefix .. args[2]) == 1) then
+  if deid and deduplicationKey and rcall("EXISTS", deduplicationKey) == 1 then
+    sizeAfterDedup = true
+  elseif groupIsFull(prefix, gid, q, maxSize) then
+    return -102
+  end
+end
+
 local jobCounter = rcall("INCR", KEYS[12])
 local maxEvents = getOrSetMaxEvents(q.meta)
 local timestamp = args[4]
@@ -83,6 +131,10 @@ local jobId = args[2]
 if jobId == "" then
   jobId = jobCounter .. ""
 elseif rcall("EXISTS", prefix .. jobId) == 1 then
+  if parentKey ~= nil then
+    return handleDuplicatedJob(prefix .. jobId, jobId, parentKey, args[7], parentData, parentDependenciesKey,
+      q.completed, q.events, maxEvents, timestamp, args[10])
+  end
   rcall("XADD", q.events, "MAXLEN", "~", maxEvents, "*", "event", "duplicated", "jobId", jobId)
   return jobId
 end
@@ -175,7 +227,7 @@ if deOpts and deduplicationKey then
     replaced = prepareReplace(deduplicationKey)
   end
   local deduplicatedJobId = deduplicateJob(deOpts, jobId, q.delayed, deduplicationKey, q.events, maxEvents,
-    prefix, args[3], ARGV[2], opts, nil, nil, nil, args[8], timestamp)
+    prefix, args[3], ARGV[2], opts, parentKey, parentData, parentDependenciesKey, args[8], timestamp)
   if replaced then
     afterReplace(replaced)
   end
@@ -187,6 +239,13 @@ if deOpts and deduplicationKey then
   end
 end
 
+if sizeAfterDedup and groupIsFull(prefix, gid, q, maxSize) then
+  if rcall("GET", deduplicationKey) == jobId then
+    rcall("DEL", deduplicationKey)
+  end
+  return -102
+end
+
 -- A custom id used before: the earlier job is gone (its hash is), but may still hold a slot of this
 -- group if nobody released it yet (a Node worker finished it with removeOnComplete, keeper down).
 -- Free that slot now: later, the id names this job, and the slot would never look finished. (A slot
@@ -195,7 +254,7 @@ if args[2] ~= "" then
   rcall("SREM", prefix .. "grp:run:" .. gid, jobId)
 end
 
-storeJob(q.events, jobKey, jobId, args[3], ARGV[2], opts, timestamp, nil, nil, args[8])
+storeJob(q.events, jobKey, jobId, args[3], ARGV[2], opts, timestamp, parentKey, parentData, args[8])
 local seq = string.format("%0" .. GROUP_SEQ_DIGITS .. "d", rcall("INCR", prefix .. "grp:seq"))
 holdNewGroupJob(prefix, gid, jobId, seq, order, ordered, opts, q, maxEvents)
 
@@ -203,5 +262,8 @@ releaseHeldGroupJobs(prefix, gid, q, now, maxEvents)
 
 if rcall("ZSCORE", q.waitingChildren, jobId) then
   rcall("XADD", q.events, "MAXLEN", "~", maxEvents, "*", "event", "waiting-children", "jobId", jobId)
+end
+if parentDependenciesKey ~= nil then
+  rcall("SADD", parentDependenciesKey, jobKey)
 end
 return jobId

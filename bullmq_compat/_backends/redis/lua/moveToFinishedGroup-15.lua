@@ -21,6 +21,8 @@ local rcall = redis.call
 --- @function moveToFinished "<upstream>/moveToFinished-14"
 --- @include "includes/groupGate"
 
+-- its start, for its group's rate limit (read first: the finish may remove the hash, removeOnComplete)
+local startedAt = rcall("HGET", KEYS[12], "processedOn")
 local result = moveToFinished(KEYS, ARGV)
 if type(result) == "table" or result >= 0 then
   local prefix = ARGV[7]
@@ -32,7 +34,8 @@ if type(result) == "table" or result >= 0 then
     local now = tonumber(ARGV[2])
     createJobKeptBehind(prefix, jobId, q, now, nil, gid) -- (keepLastIfActive: see groupGate)
     -- a fetched next job (upstream returns its id second) has set the queue's marker in this call
-    releaseHeldGroupJobs(prefix, gid, q, now, nil, true, type(result) == "table" and result[2] ~= 0)
+    releaseHeldGroupJobs(prefix, gid, q, now, nil, true, type(result) == "table" and result[2] ~= 0,
+      { jobId, tonumber(startedAt) or now })
   end
 end
 return result

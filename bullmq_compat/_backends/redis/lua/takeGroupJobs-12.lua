@@ -11,7 +11,8 @@
   released to anyone until the batch's jobs are down below the group's concurrency.
 
   Stops at: no held job left, the group or the queue paused (or at its global concurrency), the
-  rate limit reached, or a held job whose delay has not run out yet (it stays first in line).
+  rate limit reached (the queue's, or the group's: a job it would make due later stays first in
+  line), or a held job whose delay has not run out yet (it stays first in line).
 
     KEYS[1..11] as upstream moveToActive-11 (wait, active, prioritized, events, stalled, limiter,
                 delayed, paused, meta, pc, marker)
@@ -53,12 +54,20 @@ local limiterDuration = (opts['limiter'] and opts['limiter']['duration']) or rat
 local heldKey = prefix .. "grp:held:" .. gid
 local runKey = prefix .. "grp:run:" .. gid
 local maxEvents = getOrSetMaxEvents(q.meta)
+local _, _, hasRates = queueReleaseState(q, true)
+local groupRate = groupRateState(prefix, gid, hasRates, now, nil)
 
 local replies = {}
 local i = 5
 while i <= #ARGV do
   if getRateLimitTTL(maxJobs, KEYS[6]) > 0 then
     break
+  end
+  if groupRate then
+    local due = rateLimitedDue(groupRate, now)
+    if not due or due > now then
+      break -- the group's rate limit: its next job is released (delayed) by the gate when its turn comes
+    end
   end
   local popped = rcall("ZPOPMIN", heldKey)
   local member = popped[1]
@@ -84,6 +93,10 @@ while i <= #ARGV do
     rcall("XADD", q.events, "MAXLEN", "~", maxEvents, "*", "event", "waiting", "jobId", jobId,
       "prev", "waiting-children", "gid", gid)
     opts["token"] = ARGV[i]
+    if groupRate and groupRate.max then -- started now: logged, it counts for the next
+      rcall("ZADD", groupRate.log, now, jobId)
+      groupRate.known = groupRate.known + 1
+    end
     replies[#replies + 1] = prepareJobForProcessing(prefix, KEYS[6], q.events, jobId, ARGV[2], maxJobs,
       limiterDuration, q.marker, opts)
     i = i + 1

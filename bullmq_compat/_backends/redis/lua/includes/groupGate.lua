@@ -2,8 +2,10 @@
   The per-group gate of bullmq-compat (see the README's "Groups").
 
   Keys, all derived from the queue prefix (so a hash-tagged prefix keeps them in one slot):
-    <prefix>grp:held:<gid>   zset of held jobs: score = order (order_ms or add time),
-                             member = 15-digit add sequence .. jobId (ties keep add order)
+    <prefix>grp:held:<gid>   zset of held jobs: score = order (order_ms or add time), or for a
+                             job with a group priority p >= 1 (opts.group.priority) 2^42 + p,
+                             after every order (groupOrderScore); member = 15-digit add
+                             sequence .. jobId (ties keep add order: FIFO among equal priorities)
     <prefix>grp:run:<gid>    set of the group's released jobs (at most its concurrency)
     <prefix>grp:index        set of groups with held or released jobs (swept periodically)
     <prefix>grp:conc         hash gid -> concurrency ("*" = the queue's default; else 1)
@@ -11,11 +13,17 @@
     <prefix>grp:paused       set of paused groups
     <prefix>grp:seq          add-sequence counter
     <prefix>grp:sweep        the keepers' sweep lease (written by GroupKeeper, PX the sweep interval)
+    <prefix>grp:rlim         hash gid -> "<max>:<duration ms>", the group's rate limit ("*" = the
+                             queue's default; else none)
+    <prefix>grp:rlog:<gid>   zset of the group's recent starts (rate limit): member = jobId, score =
+                             when it started (ms; processedOn, as upstream's moveToActive sets it)
+    <prefix>grp:rlt:<gid>    the group's manual rate limit (rate_limit_group): until when (ms), PX
 
   A group job's hash also has "gid", "gseq" (its 15-digit add sequence), so an entry left
   behind by a removed job is never taken for a later job that reuses its custom id, and "gord"
   (its order_ms, when the producer gave one), so a retried job goes back to its place in the group
-  and the ordering delay applies to it (a job without "gord" is due at once).
+  and the ordering delay applies to it (a job without "gord" is due at once), and "gpri" (its group
+  priority, when >= 1; a job with one has no "gord": the add refuses the two together).
 
   Ordering delay (grp:odelay): a held job with an order_ms is due once order_ms + the group's
   ordering delay has passed. A group's head released before it is due goes to upstream's delayed
@@ -37,26 +45,56 @@
 
 local GROUP_SEQ_DIGITS = 15
 
+-- Group priorities (BullMQ Pro's opts.group.priority): 0 (none) first, ordered by order; then
+-- 1, 2, ..., GROUP_PRIORITY_LIMIT, each scored GROUP_PRIORITY_BASE + p, above every order (a ms
+-- timestamp, an order_ms below 2^42: the clients refuse larger ones) and exact in a double.
+local GROUP_PRIORITY_BASE = 0x40000000000 -- 2^42
+local GROUP_PRIORITY_LIMIT = 2097151
+
+-- A held job's score in grp:held:<gid>: its order, or GROUP_PRIORITY_BASE + its group priority.
+local function groupOrderScore(order, gpri)
+  local p = tonumber(gpri) or 0
+  if p > 0 then
+    return GROUP_PRIORITY_BASE + p
+  end
+  return order
+end
+
+-- The group priority of a job's options (0: none, or not a valid one).
+local function groupPriorityOf(opts)
+  local group = opts["group"]
+  local p = type(group) == "table" and tonumber(group["priority"]) or nil
+  if p and p >= 1 and p <= GROUP_PRIORITY_LIMIT and p == math.floor(p) then
+    return p
+  end
+  return 0
+end
+
 -- A field of upstream's meta hash, "1" once any group of the queue has a setting (a concurrency,
 -- a pause); written with the setting, and by sweeps for settings older than the flag.
 local GROUP_SETTINGS_FLAG = "bullmq-compat:group-settings"
+-- Another, "1" once any group of the queue has had a rate limit (set, or rate_limit_group's): only
+-- then does a release read the group's rate limit.
+local GROUP_RATE_FLAG = "bullmq-compat:group-rate-limits"
 
 -- What releasing needs of the queue, in one read of its meta hash: is it paused or at its global
 -- concurrency (the test of upstream's isQueuePausedOrMaxed, which decides whether a released job
 -- adds the queue's marker), and has any of its groups a setting? markerSet: the caller knows the
 -- marker is set (the queue is then taken as paused or maxed: released jobs add no marker).
+-- (A third value: has any group of the queue had a rate limit? See GROUP_RATE_FLAG.)
 local function queueReleaseState(q, markerSet)
   if markerSet then
-    return true, rcall("HGET", q.meta, GROUP_SETTINGS_FLAG) ~= false
+    local flags = rcall("HMGET", q.meta, GROUP_SETTINGS_FLAG, GROUP_RATE_FLAG)
+    return true, flags[1] ~= false, flags[2] ~= false
   end
-  local meta = rcall("HMGET", q.meta, "paused", "concurrency", GROUP_SETTINGS_FLAG)
+  local meta = rcall("HMGET", q.meta, "paused", "concurrency", GROUP_SETTINGS_FLAG, GROUP_RATE_FLAG)
   local pausedOrMaxed = false
   if meta[1] then
     pausedOrMaxed = true
   elseif meta[2] then
     pausedOrMaxed = rcall("LLEN", q.active) >= tonumber(meta[2])
   end
-  return pausedOrMaxed, meta[3] ~= false
+  return pausedOrMaxed, meta[3] ~= false, meta[4] ~= false
 end
 
 -- A group's ordering delay (ms): its own setting, else the queue's ("*"), else 0.
@@ -80,9 +118,95 @@ local function groupSettings(prefix, gid, hasSettings)
     groupOrderingDelay(prefix, gid, true)
 end
 
--- Note that a group of the queue has a setting (see GROUP_SETTINGS_FLAG).
-local function flagGroupSettings(q)
-  rcall("HSET", q.meta, GROUP_SETTINGS_FLAG, "1")
+--[[
+  Group rate limit (docs/groups.md, "Group rate limits"): at most `max` jobs of a group start in any
+  window of `duration` ms. Starts happen in upstream's moveToActive (a Node worker's too), which we
+  do not touch, so the gate decides when a job becomes available instead: a group's next job is
+  released due at a time d such that the group's starts within (d - duration, d], plus its released
+  jobs not started yet (each may start at any moment), plus itself, are at most `max`; a job due
+  later goes to upstream's delayed set with that due time, as an ordering delay does. A start is
+  processedOn; a finished job whose hash is gone counts as started when its slot is freed (later
+  than it did: never faster than the limit). Jobs started before the group had a limit do not count.
+  A manual limit (grp:rlt:<gid>) makes nothing of the group due before it ends.
+]]
+-- A group's rate limit: max and duration (nil, nil: none), and when its manual limit ends (ms; 0: none).
+local function groupRateLimit(prefix, gid, hasSettings)
+  if not hasSettings then
+    return nil, nil, 0
+  end
+  local spec = rcall("HMGET", prefix .. "grp:rlim", gid, "*")
+  local max, duration = nil, nil
+  if spec[1] or spec[2] then
+    local m, d = string.match(spec[1] or spec[2], "^(%d+):(%d+)$")
+    max, duration = tonumber(m), tonumber(d)
+  end
+  return max, duration, tonumber(rcall("GET", prefix .. "grp:rlt:" .. gid)) or 0
+end
+
+-- The rate state of group `gid` (nil when it has no limit in force): its start log refreshed from its
+-- released jobs (those started are logged; the others counted as unstarted), old starts trimmed.
+-- freed: {jobId, startedAt} of a job whose slot the caller has just freed (logged first).
+local function groupRateState(prefix, gid, hasSettings, now, freed)
+  local max, duration, untilMs = groupRateLimit(prefix, gid, hasSettings)
+  if not max then
+    if untilMs > now then
+      return { untilMs = untilMs }
+    end
+    return nil
+  end
+  local logKey = prefix .. "grp:rlog:" .. gid
+  if freed then
+    rcall("ZADD", logKey, "NX", freed[2], freed[1])
+  end
+  local unstarted = 0
+  for _, id in ipairs(rcall("SMEMBERS", prefix .. "grp:run:" .. gid)) do
+    local f = rcall("HMGET", prefix .. id, "gid", "processedOn")
+    if f[1] ~= gid then
+      rcall("ZADD", logKey, "NX", now, id) -- gone: its start is unknown, take the latest it can be
+    elseif f[2] then
+      rcall("ZADD", logKey, "NX", tonumber(f[2]), id)
+    else
+      unstarted = unstarted + 1
+    end
+  end
+  rcall("ZREMRANGEBYSCORE", logKey, "-inf", now - duration)
+  return { log = logKey, max = max, duration = duration, unstarted = unstarted, known = rcall("ZCARD", logKey),
+    untilMs = untilMs }
+end
+
+-- When the group's next job may be due by its rate state (ms, >= now), or nil when none may be
+-- released now (its released jobs not started yet fill the limit: the next finish or sweep looks again).
+local function rateLimitedDue(rate, now)
+  local due = now
+  if rate.max then
+    local allowed = rate.max - rate.unstarted - 1
+    if allowed < 0 then
+      return nil
+    end
+    if rate.known > allowed then
+      local entry = rcall("ZRANGE", rate.log, rate.known - allowed - 1, rate.known - allowed - 1, "WITHSCORES")
+      due = math.max(due, tonumber(entry[2]) + rate.duration)
+    end
+  end
+  return math.max(due, rate.untilMs)
+end
+
+-- A slot of group `gid` freed outside a release (a keeper's, a sweep's): log the job's start if the
+-- group has a rate limit (startedAt: its processedOn, nil when unknown: now).
+local function noteFreedStart(prefix, gid, jobId, startedAt, q, now)
+  local _, _, hasRates = queueReleaseState(q, true)
+  if hasRates and groupRateLimit(prefix, gid, true) then
+    rcall("ZADD", prefix .. "grp:rlog:" .. gid, "NX", tonumber(startedAt) or now, jobId)
+  end
+end
+
+-- Note that a group of the queue has a setting (see GROUP_SETTINGS_FLAG); rates: a rate limit too.
+local function flagGroupSettings(q, rates)
+  if rates then
+    rcall("HSET", q.meta, GROUP_SETTINGS_FLAG, "1", GROUP_RATE_FLAG, "1")
+  else
+    rcall("HSET", q.meta, GROUP_SETTINGS_FLAG, "1")
+  end
 end
 
 -- The job hash fields the gate reads of a held job, in one HMGET: {gid, gseq, timestamp, delay,
@@ -190,19 +314,30 @@ end
 -- events of released jobs are added without MAXLEN. slotFreed: the caller has just freed a slot of
 -- the group (the finished job's). markerSet: the caller has set the queue's marker in this call
 -- (upstream's fetch of a next job does), so released jobs need not set it again.
-local function releaseHeldGroupJobs(prefix, gid, q, now, maxEvents, slotFreed, markerSet)
+local function releaseHeldGroupJobs(prefix, gid, q, now, maxEvents, slotFreed, markerSet, freedStart)
   local heldKey = prefix .. "grp:held:" .. gid
   local runKey = prefix .. "grp:run:" .. gid
   local released = 0
-  local pausedOrMaxed, hasSettings = queueReleaseState(q, markerSet)
+  local pausedOrMaxed, hasSettings, hasRates = queueReleaseState(q, markerSet)
   local limit, paused, orderingDelay = groupSettings(prefix, gid, hasSettings)
   local running = 0 -- one slot at most, ever, and it was just freed
   if hasSettings or not slotFreed then
     running = rcall("SCARD", runKey)
   end
   local mayHold = true -- false once the held set is seen empty
+  local rate = nil -- the group's rate limit state, when one is in force
+  if hasRates then
+    rate = groupRateState(prefix, gid, true, now, freedStart)
+  end
   if not paused then
     while running < limit do
+      local rateDue = nil
+      if rate then
+        rateDue = rateLimitedDue(rate, now)
+        if not rateDue then
+          break -- its released jobs not started yet fill the rate limit
+        end
+      end
       local popped = rcall("ZPOPMIN", heldKey)
       local first = popped[1]
       if not first then
@@ -226,9 +361,15 @@ local function releaseHeldGroupJobs(prefix, gid, q, now, maxEvents, slotFreed, m
             orderDue = tonumber(popped[2]) + orderingDelay
           end
         end
+        if rateDue and rateDue > now then
+          orderDue = math.max(orderDue or 0, rateDue)
+        end
         enqueueReleasedJob(prefix, jobId, gid, fields, q, now, maxEvents, pausedOrMaxed, orderDue)
         running = running + rcall("SADD", runKey, jobId)
         released = released + 1
+        if rate and rate.max then
+          rate.unstarted = rate.unstarted + 1
+        end
       end
     end
   end
@@ -250,8 +391,11 @@ local function reclaimUnstartedGroupJobs(prefix, gid, order, q, maxEvents)
   for _, jobId in ipairs(rcall("SMEMBERS", runKey)) do
     if rcall("ZSCORE", q.delayed, jobId) then
       local f = rcall("HMGET", prefix .. jobId, "gid", "gseq", "timestamp", "gord", "processedOn", "delay",
-        "priority", "opts")
+        "priority", "opts", "gpri")
       local jobOrder = tonumber(f[4]) or tonumber(f[3])
+      if jobOrder then
+        jobOrder = groupOrderScore(jobOrder, f[9])
+      end
       if f[1] == gid and f[2] and not f[5] and jobOrder and jobOrder > order then
         rcall("ZREM", q.delayed, jobId)
         rcall("SREM", runKey, jobId)
@@ -276,7 +420,8 @@ local function reclaimForOrder(prefix, gid, order, q, maxEvents)
 end
 
 -- Hold a just-stored job of group `gid` behind its gate (add sequence `seq`, order score `order`;
--- `ordered`: the order is a producer's order_ms): the caller releases the group after.
+-- `ordered`: the order is a producer's order_ms; opts.group.priority: its group priority, scored by
+-- groupOrderScore): the caller releases the group after.
 local function holdNewGroupJob(prefix, gid, jobId, seq, order, ordered, opts, q, maxEvents)
   local jobKey = prefix .. jobId
   if ordered then
@@ -284,7 +429,11 @@ local function holdNewGroupJob(prefix, gid, jobId, seq, order, ordered, opts, q,
   else
     rcall("HSET", jobKey, "gid", gid, "gseq", seq) -- ordered by its timestamp: no "gord" to read
   end
-  rcall("ZADD", prefix .. "grp:held:" .. gid, order, seq .. jobId)
+  local gpri = groupPriorityOf(opts)
+  if gpri > 0 then
+    rcall("HSET", jobKey, "gpri", gpri)
+  end
+  rcall("ZADD", prefix .. "grp:held:" .. gid, groupOrderScore(order, gpri), seq .. jobId)
   rcall("SADD", prefix .. "grp:index", gid)
   rcall("ZADD", q.waitingChildren, heldScore(seq, opts["delay"], opts["priority"], opts["lifo"]), jobId)
   if ordered then -- (a job ordered by its add time comes after the released ones, unless their order_ms lies ahead)
@@ -346,7 +495,7 @@ end
 -- upstream retry it), or -3 when the job is not in `stateKey`.
 local function regateFinishedJob(prefix, jobId, stateKey, prevState, resetAtm, resetAts, q, now, maxEvents)
   local jobKey = prefix .. jobId
-  local fields = rcall("HMGET", jobKey, "gid", "gseq", "timestamp", "gord", "delay", "priority", "opts")
+  local fields = rcall("HMGET", jobKey, "gid", "gseq", "timestamp", "gord", "delay", "priority", "opts", "gpri")
   local gid = fields[1]
   if not gid or not fields[2] then
     return 0
@@ -365,7 +514,7 @@ local function regateFinishedJob(prefix, jobId, stateKey, prevState, resetAtm, r
   -- its slot is free by now (finished); a slot nobody released yet must not hold the job up
   rcall("SREM", prefix .. "grp:run:" .. gid, jobId)
   local timestamp = tonumber(fields[3]) or now
-  local order = tonumber(fields[4]) or timestamp
+  local order = groupOrderScore(tonumber(fields[4]) or timestamp, fields[8])
   rcall("ZADD", prefix .. "grp:held:" .. gid, order, fields[2] .. jobId)
   rcall("SADD", prefix .. "grp:index", gid)
   reclaimForOrder(prefix, gid, order, q, maxEvents)
@@ -386,13 +535,58 @@ local function freeGroupSlot(prefix, gid, jobId, q, isMember, now, maxEvents)
   end
   -- finished (completed or failed for good: upstream's finish sets finishedOn, a retry clears it),
   -- gone, or its id reused by a job that is not this group's
-  local fields = rcall("HMGET", prefix .. jobId, "gid", "finishedOn")
+  local fields = rcall("HMGET", prefix .. jobId, "gid", "finishedOn", "processedOn")
   if fields[1] == gid and not fields[2] then
     return false -- retrying, backing off or stalled: still the group's current job
   end
   rcall("SREM", runKey, jobId)
+  noteFreedStart(prefix, gid, jobId, fields[1] == gid and fields[3] or nil, q, now)
   createJobKeptBehind(prefix, jobId, q, now, maxEvents, gid)
   return true
+end
+
+--[[
+  Max group size (BullMQ Pro's group.maxSize, docs/groups.md "Max group size"): a group's size is
+  its jobs not started yet -- held behind the gate, and released ones not in the active list
+  (waiting, prioritized, delayed; a retry's backoff too). Finished or removed released jobs (a slot
+  not freed yet) do not count. Is the size of group `gid` at least `limit`? Cheap below the limit
+  (two cardinalities); at it, the released jobs are looked at, and held entries whose job was
+  removed by a script that does not know the gate (upstream's removeJob, clean) are forgotten first
+  (as updateGroups' "prune"), so a removed held job frees its place at once.
+]]
+-- Forget the group's held entries whose job is no longer held (removed by a script that does not
+-- know the gate: upstream's removeJob, clean); returns how many.
+local function pruneHeld(prefix, gid, q)
+  local heldKey = prefix .. "grp:held:" .. gid
+  local pruned = 0
+  for _, member in ipairs(rcall("ZRANGE", heldKey, 0, -1)) do
+    local jobId = string.sub(member, GROUP_SEQ_DIGITS + 1)
+    if not (isOwnHeldJob(heldJobFields(prefix, jobId), gid, member) and rcall("ZSCORE", q.waitingChildren, jobId)) then
+      rcall("ZREM", heldKey, member)
+      pruned = pruned + 1
+    end
+  end
+  return pruned
+end
+
+local function groupIsFull(prefix, gid, q, limit)
+  local heldKey = prefix .. "grp:held:" .. gid
+  local runKey = prefix .. "grp:run:" .. gid
+  local held = rcall("ZCARD", heldKey)
+  if held + rcall("SCARD", runKey) < limit then
+    return false
+  end
+  local pending = 0
+  for _, id in ipairs(rcall("SMEMBERS", runKey)) do
+    local f = rcall("HMGET", prefix .. id, "gid", "finishedOn")
+    if f[1] == gid and not f[2] and not rcall("LPOS", q.active, id) then
+      pending = pending + 1
+    end
+  end
+  if held + pending < limit then
+    return false
+  end
+  return held - pruneHeld(prefix, gid, q) + pending >= limit
 end
 
 local function queueKeysFrom(keys)
