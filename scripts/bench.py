@@ -15,7 +15,27 @@ before every run, and runs each measurement for each implementation in a fresh p
   floor     .venv/bin/python scripts/bench_floor.py '<json>': not a client but the bare loop over the
             same upstream scripts, keys and arguments bullmq-compat sends, on its own connection class
             (see that file): what this machine allows a Python client, so every row is also given
-            as a fraction of it ("of floor"). Redis rows only; none for latency or groups.
+            as a fraction of it ("of floor"); none for latency or groups. On the PostgreSQL rows it is
+            scripts/bench_pg_floor.py: the same upstream SQL commands with the same arguments on one
+            of the product's raw-libpq sessions (add_job one at a time; add_jobs_bulk per batch; the
+            worker's move_to_active + move_to_completed_fetch loop, several slots' calls pipelined in
+            one transaction where the row has several slots).
+  ceiling   .venv/bin/python scripts/bench_pg_ceiling.py '<json>' (PostgreSQL rows only, needs pgbench:
+            `make pgbench`; skipped with a note without it): pgbench -f running upstream's command
+            text of the row, one job (add_bulk: one batch) per transaction, the row's client count,
+            the server's synchronous_commit -- the commits/s the server allows that transaction
+            shape, as jobs/s ("of commit ceiling").
+  arq, rq, celery, dramatiq
+            bench-results/.venv-<name>/bin/python scripts/bench_peer_<name>.py '<json>': other Python
+            queues (issue #32), not BullMQ clients: each library's latest release in a venv of its own
+            (created and updated as the official port's: arq, rq, celery[redis], dramatiq[redis];
+            skipped with a note if that fails), on the same redis-server with the same no-op task.
+            Redis rows add, add-bulk (RQ only: Queue.enqueue_many, the only bulk enqueue among them),
+            process-c1, process-c10 (each library's own worker model: PEER_MODELS) and latency; see
+            scripts/bench_peer_common.py for how completion, CPU and latency are taken. They run by
+            default (about 5 minutes a round more on 2 cores, at the same job counts as everyone);
+            --no-peers leaves them out. After the Redis tables, one line per row: bullmq-compat over
+            the fastest of them, against the goal of 2x.
 
 All three do identical work: jobs {name: "bench", data: {"i": i}} with no options, no-op
 processors, one process per run, no warm-up for anyone. Rounds interleave the implementations
@@ -27,7 +47,10 @@ one's own PostgreSQL backend -- Node's (bullmq's createPostgresBackend, migrate:
 (Queue/Worker with a postgresql:// connection, schema=..., migrate=True) and the official port's
 ({"backend": "postgres", ...}, with the driver of its ``postgres`` extra). Every run gets a fresh
 schema bench_<hex>, created and migrated by the client itself before the timed section and
-dropped after the run. No server figures there (the Redis columns have no counterpart).
+dropped after the run. No Redis figures there; each row shows "of floor" and "of commit ceiling"
+(jobs/s over the floor's and pgbench's medians), and the closing note each row's ratio to Node
+against PG_TARGETS. --check exits 1 when a row with a target misses it (ours / Node, median of the
+per-round ratios, >= 3 rounds; and our client CPU per job at or below Node's), printing which.
 
   pg-add          PostgreSQL: add one at a time (2,000 jobs, sequential awaits)
   pg-add-bulk     PostgreSQL: add_bulk (10,000 jobs in batches of 1,000)
@@ -47,6 +70,10 @@ Measurements (job counts for the default run; --quick: fewer jobs and 1 round):
   process-batch50 bullmq-compat only: the same jobs taken by a batch worker (batch={"size": 50},
                  concurrency 2: 2 batches in flight), paired as process-grouped with a
                  concurrency-100 twin; reports the ratios of jobs/s and of client CPU per job
+  process-grouped-rl bullmq-compat only: 25,000 jobs over 1,000 groups, each group limited to 5 jobs/s
+                 (set_default_group_rate_limit(max=5, duration=1000)), concurrency 100: the run's
+                 time against the shortest the limits allow (4 s), and the rate after the first
+                 window (its 5,000 jobs) against the limits' 5,000 jobs/s
   pg-process-grouped, pg-process-gate, pg-add-gate  bullmq-compat only, PostgreSQL: pg-process-c10's
                  jobs over n/20 groups in a schema with our group objects, paired with an ungrouped
                  twin there; ungrouped jobs with our objects, paired with a twin without them
@@ -91,14 +118,41 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
 BACKENDS = ("redis", "postgres")
 # targets of ours against Node on PostgreSQL (jobs/s ratio), by measurement
-PG_TARGETS = {"pg-add": 1.2, "pg-add-bulk": 1.2, "pg-process-c1": 1.5, "pg-process-c10": 1.5}
+PG_TARGETS = {"pg-add": 1.2, "pg-add-bulk": 1.2, "pg-process-c1": 1.3, "pg-process-c10": 1.5}
+# and on every PostgreSQL row with a target, our client CPU per job at or below Node's (issue #32)
 sys.path.insert(0, ROOT)
 
 from bullmq_compat._busy_poll import busy_poll_budget  # noqa: E402
 from tests._redis_server import RedisServer  # noqa: E402
 
 OFFICIAL_VENV = os.path.join(ROOT, "bench-results", ".venv-official")
-IMPLS = ("node", "official", "compat", "floor")
+IMPLS = ("node", "official", "compat", "floor", "ceiling")
+# other Python queues (issue #32 §2): not BullMQ clients, the same no-op jobs on the same redis-server,
+# each in a venv of its own (bench-results/.venv-<key>), runner scripts/bench_peer_<key>.py
+PEER_IMPLS = ("arq", "rq", "celery", "dramatiq")
+PEER_SPECS = {"arq": "arq", "rq": "rq", "celery": "celery[redis]", "dramatiq": "dramatiq[redis]"}
+PEER_NAMES = {"arq": "arq", "rq": "RQ", "celery": "Celery", "dramatiq": "Dramatiq"}
+PEER_ROWS = ("add", "add-bulk", "process-c1", "process-c10", "latency")  # the Redis rows they run
+# the library's own bulk enqueue, where it has one; the others have none ("--" in add-bulk)
+PEER_BULK = {"rq": "Queue.enqueue_many + Queue.prepare_data, one pipeline per batch"}
+PEER_NO_BULK = {"arq": "no bulk enqueue (enqueue_job per job)",
+                "celery": "no bulk enqueue (group is a canvas primitive: one publish per task)",
+                "dramatiq": "no bulk enqueue (group/pipeline: one send per message)"}
+# each peer's worker model (its runner reports the same string; shown in the tables)
+PEER_MODELS = {
+    ("arq", 1): "asyncio: 1 process, max_jobs=1, poll_delay 0",
+    ("arq", 10): "asyncio: 1 process, max_jobs=10 tasks, poll_delay 0",
+    ("rq", 1): "processes: 1 rq worker (SimpleWorker)",
+    ("rq", 10): "processes: rq worker-pool -n 10 (SimpleWorker)",
+    ("celery", 1): "process: --pool=solo, prefetch x64",
+    ("celery", 10): "processes: --pool=prefork -c 10, prefetch x64",
+    ("dramatiq", 1): "processes x threads: -p 1 -t 1, prefetch 64",
+    ("dramatiq", 10): "processes x threads: -p 2 -t 5, prefetch 64",
+}
+# the harness's own commands in the peers' runs (the tasks' completion counter and latency record,
+# the runner's polling): left out of their Redis command time
+PEER_HARNESS_COMMANDS = {"incrby", "append", "getrange"}
+IMPLS = (*IMPLS, *PEER_IMPLS)
 RUN_TIMEOUT = 1800
 
 # commands that run at top level only (or that BullMQ clients only send at top level):
@@ -132,6 +186,7 @@ class Measurement:
     gate: bool = False            # PostgreSQL: our group objects installed in the run's schema (untimed)
     twin_gate: Optional[bool] = None  # the paired twin's gate (None: the same as this one's)
     twin_label: str = ""          # what the paired twin is, for the report ("" : an ungrouped twin)
+    group_rate: Optional[tuple[int, int]] = None  # every group limited to (max, duration ms) (bullmq-compat only)
 
     @property
     def is_latency(self) -> bool:
@@ -144,6 +199,7 @@ class Impl:
     label: str
     argv: list[str]
     version: str = ""
+    postgres_argv: Optional[list[str]] = None  # the runner of the PostgreSQL rows, when not argv
 
 
 @dataclass
@@ -238,15 +294,34 @@ def floor_impl() -> tuple[Optional[Impl], str]:
     if not version:
         return None, "bullmq_compat is not importable from this interpreter (the floor uses its scripts)"
     return Impl("floor", "floor (bare script loop)", [sys.executable, os.path.join(ROOT, "scripts", "bench_floor.py")],
-                version), ""
+                version, postgres_argv=[sys.executable, os.path.join(ROOT, "scripts", "bench_pg_floor.py")]), ""
+
+
+def ceiling_impl() -> tuple[Optional[Impl], str]:
+    """pgbench running each PostgreSQL row's transactions (scripts/bench_pg_ceiling.py)."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    from bench_pg_ceiling import pgbench_path
+
+    found = pgbench_path()
+    if found is None:
+        return None, ("pgbench is not installed (Debian package postgresql-15 / postgresql-contrib; make pgbench): "
+                      "no commit ceiling")
+    match = re.search(r"\) ([0-9][0-9.]*)", command_output([found, "--version"]))
+    version = match.group(1) if match else "?"
+    return Impl("ceiling", f"commit ceiling (pgbench {version})",
+                [sys.executable, os.path.join(ROOT, "scripts", "bench_pg_ceiling.py")], version), ""
 
 
 def runs_here(impl: Impl, m: Measurement) -> bool:
     """Whether ``impl`` takes part in measurement ``m``."""
     if m.only and impl.key != m.only:
         return False
-    if impl.key == "floor":  # a loop over Redis scripts: no PostgreSQL, no idle wait, no group gate
-        return m.backend == "redis" and not m.is_latency and not m.groups
+    if impl.key == "floor":  # a loop over upstream's scripts / SQL: no idle wait, no group gate
+        return not m.is_latency and not m.groups and not m.gate
+    if impl.key == "ceiling":  # pgbench: the PostgreSQL rows of every implementation
+        return m.backend == "postgres" and not m.is_latency and not m.groups and not m.gate
+    if impl.key in PEER_IMPLS:  # other queues: their Redis rows, add-bulk where they have a bulk enqueue
+        return m.backend == "redis" and m.key in PEER_ROWS and (m.key != "add-bulk" or impl.key in PEER_BULK)
     return True
 
 
@@ -306,6 +381,80 @@ def official_impl() -> tuple[Optional[Impl], str]:
         return None, f"could not set up the official venv: {err}"
     return Impl("official", f"bullmq (PyPI) {installed}",
                 [python, os.path.join(ROOT, "scripts", "bench_official.py")], installed), ""
+
+
+def peer_impl(key: str) -> tuple[Optional[Impl], str]:
+    """Another Python queue (arq, RQ, Celery, Dramatiq): its latest release in a venv of its own,
+    bench-results/.venv-<key>, created and updated as the official port's; skipped with a note
+    when that fails."""
+    venv = os.path.join(ROOT, "bench-results", f".venv-{key}")
+    python = os.path.join(venv, "bin", "python")
+    spec = PEER_SPECS[key]
+    name = spec.split("[")[0]
+    probe = f"import importlib.metadata as m; print(m.version({name!r}))"
+    try:
+        if not os.path.exists(python):
+            print(f"creating {os.path.relpath(venv, ROOT)} for {PEER_NAMES[key]} ...", flush=True)
+            subprocess.run([sys.executable, "-m", "venv", venv], check=True, capture_output=True, timeout=300)
+        listing = _pip(python, "index", "versions", name)
+        match = re.search(rf"^{re.escape(name)} \(([^)]+)\)", listing.stdout, re.M)
+        latest = match.group(1) if match else ""
+        installed = command_output([python, "-c", probe])
+        if not installed or (latest and installed != latest):
+            pinned = f"{spec}=={latest}" if latest else spec
+            print(f"installing {pinned} into {os.path.relpath(venv, ROOT)} ...", flush=True)
+            done = _pip(python, "install", "-q", *([] if latest else ["--upgrade"]), pinned)
+            if done.returncode != 0:
+                tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+                return None, f"pip install {spec} failed: " + " / ".join(tail)
+            installed = command_output([python, "-c", probe])
+        if not installed:
+            return None, f"{name} is not importable in {os.path.relpath(venv, ROOT)}"
+    except (OSError, subprocess.SubprocessError) as err:
+        return None, f"could not set up the {key} venv: {err}"
+    return Impl(key, f"{PEER_NAMES[key]} {installed}",
+                [python, os.path.join(ROOT, "scripts", f"bench_peer_{key}.py")], installed), ""
+
+
+def peer_view(impl: Impl, m: Measurement) -> Impl:
+    """A peer with its worker model in the label, for the tables of the worker and latency rows."""
+    model = PEER_MODELS.get((impl.key, 1 if m.is_latency else m.concurrency))
+    if impl.key not in PEER_IMPLS or not model or m.op not in ("process", "latency"):
+        return impl
+    return replace(impl, label=f"{impl.label} ({model})")
+
+
+def peer_lines(plan: list[Measurement], impls: list[Impl], summary: dict[str, Any]) -> list[str]:
+    """After the Redis tables: bullmq-compat over the fastest peer, per row, against the 2x goal."""
+    peers = [i for i in impls if i.key in PEER_IMPLS]
+    if not peers:
+        return []
+    lines = ["bullmq-compat vs the other Python queues (medians; goal: >= 2x the fastest of them on every row):"]
+    for m in plan:
+        if m.backend != "redis" or m.key not in PEER_ROWS:
+            continue
+        per = summary.get(m.key) or {}
+        ours = per.get("compat")
+        theirs = {p.key: per.get(p.key) for p in peers if runs_here(p, m) and per.get(p.key)}
+        if not theirs:
+            lines.append(f"  {m.key:<12} -- no peer has this row (" + "; ".join(
+                f"{PEER_NAMES[p.key]}: {PEER_NO_BULK.get(p.key, 'no result')}" for p in peers) + ")")
+            continue
+        if not ours:
+            lines.append(f"  {m.key:<12} n/a (no bullmq-compat result)")
+            continue
+        if m.is_latency:  # lower is better: the fastest peer's p50 over ours
+            best = min(theirs, key=lambda k: theirs[k]["p50Ms"]["median"])
+            ratio = theirs[best]["p50Ms"]["median"] / ours["p50Ms"]["median"] if ours["p50Ms"]["median"] else 0.0
+            p99 = theirs[best]["p99Ms"]["median"] / ours["p99Ms"]["median"] if ours["p99Ms"]["median"] else 0.0
+            what = f" (p50, lower is better: theirs / ours; p99 {p99:.2f}x)"
+        else:
+            best = max(theirs, key=lambda k: theirs[k]["jobsPerSec"]["median"])
+            ratio = ours["jobsPerSec"]["median"] / theirs[best]["jobsPerSec"]["median"]
+            what = ""
+        lines.append(f"  {m.key:<12} bullmq-compat / fastest peer: {ratio:.2f}\u00d7 ({PEER_NAMES[best]}){what} "
+                     f"\u2014 goal 2\u00d7: {'met' if ratio >= 2 else 'not met'}")
+    return lines
 
 
 # -- Redis stats --------------------------------------------------------------------------------
@@ -379,6 +528,48 @@ def drop_schema(url: str, schema: str) -> None:
     psql(url, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE').check_returncode()
 
 
+def postgres_server_cpu_us() -> Optional[float]:
+    """CPU (user+sys) of every process named postgres on this machine so far, with their exited
+    children's (the postmaster reaps the backends), in µs (/proc; None off Linux): the server's own
+    work, its background writers included, when it runs here."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    total, seen = 0, False
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return None
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                text = f.read()
+        except OSError:
+            continue
+        name, rest = text[text.find("(") + 1:text.rfind(")")], text[text.rfind(")") + 2:].split()
+        if name.startswith("postgres"):
+            seen = True
+            # utime, stime, and cutime, cstime: the postmaster's reaped children (backends that exited)
+            total += int(rest[11]) + int(rest[12]) + int(rest[13]) + int(rest[14])
+    return total * 1e6 / tick if seen else None
+
+
+def postgres_counters(url: str) -> Optional[dict[str, float]]:
+    """The server's commits (this database) and WAL figures so far (pg_stat_database, pg_stat_wal),
+    and its processes' CPU: read before and after a run, for the profile of a PostgreSQL row."""
+    try:
+        done = psql(url, "SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()), "
+                         "wal_records, wal_bytes, wal_write, wal_sync FROM pg_stat_wal", timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    try:
+        commits, records, wal_bytes, writes, syncs = (float(x) for x in done.stdout.strip().split("|"))
+    except ValueError:
+        return None
+    return {"commits": commits, "walRecords": records, "walBytes": wal_bytes, "walWrites": writes,
+            "walSyncs": syncs, "serverCpuUs": postgres_server_cpu_us() or 0.0}
+
+
 # -- running ------------------------------------------------------------------------------------
 def redis_cli(port: int, *args: str) -> str:
     """One command to the bench's own redis-server (redis-cli ships with it)."""
@@ -409,6 +600,8 @@ def run_one(impl: Impl, m: Measurement, target: Target) -> dict[str, Any]:
                             "concurrency": m.concurrency, "removeOnComplete": m.remove_on_complete,
                             "batch": m.batch, "interval": m.interval, "groups": m.groups,
                             "batchSize": m.batch_size}
+    if m.group_rate:
+        args["groupRateLimit"] = {"max": m.group_rate[0], "duration": m.group_rate[1]}
     schema = None
     if m.backend == "postgres":
         assert target.postgres_url
@@ -419,11 +612,17 @@ def run_one(impl: Impl, m: Measurement, target: Target) -> dict[str, Any]:
         flush(target.redis.port)
         args["redis"] = target.redis.url
     ticks = cpu_ticks()
+    counters_before = postgres_counters(target.postgres_url) if schema is not None and target.postgres_url else None
+    counters_after = None
     try:
-        proc = subprocess.run([*impl.argv, json.dumps(args)], capture_output=True, text=True, timeout=RUN_TIMEOUT,
+        argv = impl.postgres_argv if m.backend == "postgres" and impl.postgres_argv else impl.argv
+        proc = subprocess.run([*argv, json.dumps(args)], capture_output=True, text=True, timeout=RUN_TIMEOUT,
                               cwd=ROOT)
     finally:
         steal = steal_share(ticks, cpu_ticks())
+        if counters_before is not None:
+            time.sleep(0.2)  # the runner's sessions have exited: their statistics reach the server
+            counters_after = postgres_counters(target.postgres_url or "")
         if schema is not None:
             drop_schema(target.postgres_url or "", schema)
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
@@ -435,6 +634,14 @@ def run_one(impl: Impl, m: Measurement, target: Target) -> dict[str, Any]:
         raise RuntimeError(f"exit {proc.returncode}: {out.get('error', '')} {proc.stderr.strip()[-2000:]}")
     jobs = out["jobs"]
     run = {"seconds": out["seconds"], "jobs": jobs, "cpuUserMs": out["cpuUserMs"], "cpuSysMs": out["cpuSysMs"]}
+    if m.group_rate and "steadyJobsPerSec" in out:
+        # the shortest run the limits allow: a group's last job starts no sooner than (windows - 1) x
+        # duration after its first, so limitSeconds / seconds is at most 1 while the limits hold
+        per_group = -(-jobs // m.groups)
+        windows = -(-per_group // m.group_rate[0])
+        run["limitSeconds"] = (windows - 1) * m.group_rate[1] / 1000
+        run["rateCeilingShare"] = run["limitSeconds"] / out["seconds"] if out["seconds"] else 0.0
+        run["steadyJobsPerSec"] = out["steadyJobsPerSec"]  # after the first window's jobs were done
     if steal is not None:
         run["stealShare"] = steal  # of the whole process's life (its set-up included)
     run["jobsPerSec"] = jobs / out["seconds"] if out["seconds"] > 0 else 0.0
@@ -443,12 +650,30 @@ def run_one(impl: Impl, m: Measurement, target: Target) -> dict[str, Any]:
     run["clientCpuShare"] = (out["cpuUserMs"] + out["cpuSysMs"]) / 1000.0 / out["seconds"] if out["seconds"] else 0.0
     if m.backend == "redis":
         run.update(redis_figures(out))
+        if impl.key in PEER_IMPLS:
+            # plain commands, MULTI/EXEC and scripts alike: each command once (EXEC and script calls
+            # only hold the commands counted on their own lines), the harness's own left out
+            run["redisTopUsec"] = sum(row["usec"] for cmd, row in run["commandstats"].items()
+                                      if cmd not in SCRIPT_CALLS and cmd != "exec"
+                                      and cmd not in PEER_HARNESS_COMMANDS)
+            run["workerCpuMs"] = out.get("workerCpuMs", 0.0)
+            if out.get("model"):
+                run["model"] = out["model"]
         run["redisCmdUsPerJob"] = run["redisTopUsec"] / jobs
         run["redisCpuUsPerJob"] = run["redisCpuUsec"] / jobs
         # throughput over 1 / (Redis CPU per job): how busy the single-threaded server was
         run["redisCeilingShare"] = run["jobsPerSec"] * run["redisCpuUsPerJob"] / 1e6
     if schema is not None:
         run["schema"] = schema
+    if counters_before and counters_after:
+        # over the runner's whole life (its migration and pre-load included) and server-wide
+        # (whatever else ran on the server then too): a profile, not a measurement of the timed part
+        delta = {k: counters_after[k] - counters_before[k] for k in counters_before}
+        run["pgServer"] = delta
+        run["serverCpuUsPerJob"] = delta["serverCpuUs"] / jobs
+        run["commitsPerJob"] = delta["commits"] / jobs
+        run["walFlushesPerJob"] = delta["walSyncs"] / jobs
+        run["walBytesPerJob"] = delta["walBytes"] / jobs
     if m.is_latency:
         lat = out.get("latenciesMs") or []
         if len(lat) != jobs:
@@ -545,6 +770,14 @@ def measurements(args: argparse.Namespace) -> list[Measurement]:
         f"concurrency 100, jobs kept (bullmq-compat only; ratio against its ungrouped run)", "process", n_proc,
         concurrency=100, batch=min(1000, n_proc), groups=max(1, n_proc // 20), only="compat",
         baseline="process-c100"))
+    n_rl = args.jobs or (10_000 if args.quick else 25_000)
+    rl_groups = max(1, min(1000, n_rl // 25))  # 25 jobs a group: the first window and four more
+    out.append(Measurement(
+        "process-grouped-rl", f"process {n_rl:,} pre-loaded no-op jobs over {rl_groups:,} groups, each group "
+        f"rate-limited to 5 jobs/s (set_default_group_rate_limit(max=5, duration=1000)), concurrency 100 "
+        f"(bullmq-compat only; its time against the shortest the limits allow)",
+        "process", n_rl, concurrency=100, batch=min(1000, n_rl), groups=rl_groups, only="compat",
+        group_rate=(5, 1000)))
     out.append(Measurement(
         "process-batch50", f"process {n_proc:,} pre-loaded no-op jobs in batches of 50 (batch worker, 2 batches "
         f"in flight), jobs kept (bullmq-compat only; ratio against its concurrency-100 run)", "process", n_proc,
@@ -573,10 +806,15 @@ def cell_summary(cell: Cell, m: Measurement) -> Optional[dict[str, Any]]:
     keys = ["jobsPerSec", "seconds", "clientCpuUsPerJob", "clientCpuShare"]
     if m.backend == "redis":
         keys += ["redisCmdUsPerJob", "redisCpuUsPerJob", "redisCeilingShare"]
+    profile = ["serverCpuUsPerJob", "commitsPerJob", "walFlushesPerJob", "walBytesPerJob"]
+    if m.backend == "postgres" and all(k in r for r in cell.runs for k in profile):
+        keys += profile
     if m.is_latency:
         keys += ["p50Ms", "p99Ms"]
     if all("pairedRatio" in r for r in cell.runs):
         keys += ["pairedRatio", "pairedBaselineJobsPerSec", "pairedCpuRatio", "pairedBaselineCpuUsPerJob"]
+    if all("steadyJobsPerSec" in r for r in cell.runs):
+        keys += ["steadyJobsPerSec", "rateCeilingShare"]
     return {k: summarize([r[k] for r in cell.runs]) for k in keys} | {"rounds": len(cell.runs)}
 
 
@@ -611,7 +849,8 @@ def render_table(m: Measurement, impls: list[Impl], summary: dict[str, Any], cel
     node = summary.get("node")
     pg = m.backend == "postgres"
     if pg:
-        header = ["implementation", "jobs/s median [min-max]", "vs Node", "client CPU us/job", "client CPU/wall"]
+        header = ["implementation", "jobs/s median [min-max]", "vs Node", "of floor", "of commit ceiling",
+                  "client CPU us/job", "client CPU/wall"]
     elif m.is_latency:
         header = ["implementation", "p50 ms median [min-max]", "p99 ms median [min-max]", "p50 vs Node",
                   "client CPU us/job", "Redis cmd us/job", "Redis CPU us/job"]
@@ -619,6 +858,7 @@ def render_table(m: Measurement, impls: list[Impl], summary: dict[str, Any], cel
         header = ["implementation", "jobs/s median [min-max]", "vs Node", "of floor", "client CPU us/job",
                   "Redis cmd us/job", "Redis CPU us/job", "of Redis ceiling"]
     floor = summary.get("floor")
+    ceiling = summary.get("ceiling")
     rows = []
     for impl in impls:
         s = summary.get(impl.key)
@@ -635,7 +875,11 @@ def render_table(m: Measurement, impls: list[Impl], summary: dict[str, Any], cel
         if pg:
             ratio = (f"{s['jobsPerSec']['median'] / node['jobsPerSec']['median']:.2f}x"
                      if node and node["jobsPerSec"]["median"] else "-")
-            rows.append([impl.label, fmt_range(s["jobsPerSec"]), ratio, cpu,
+            of_floor = (f"{s['jobsPerSec']['median'] / floor['jobsPerSec']['median'] * 100:.0f}%"
+                        if floor and floor["jobsPerSec"]["median"] else "-")
+            of_ceiling = (f"{s['jobsPerSec']['median'] / ceiling['jobsPerSec']['median'] * 100:.0f}%"
+                          if ceiling and ceiling["jobsPerSec"]["median"] else "-")
+            rows.append([impl.label, fmt_range(s["jobsPerSec"]), ratio, of_floor, of_ceiling, cpu,
                          f"{s['clientCpuShare']['median'] * 100:.0f}%"])
             continue
         rcmd = fmt_num(s["redisCmdUsPerJob"]["median"])
@@ -662,6 +906,9 @@ def render_table(m: Measurement, impls: list[Impl], summary: dict[str, Any], cel
     elif not pg:
         lines.append("   (of floor: jobs/s over the bare script loop's; of Redis ceiling: jobs/s x Redis CPU per job, "
                      "the share of a core redis-server used)")
+    elif floor or ceiling:
+        lines.append("   (of floor: jobs/s over the bare psycopg/libpq loop's over the same upstream SQL calls; of commit "
+                     "ceiling: over pgbench's, the same transactions with the row's clients; median over median)")
     return "\n".join(lines)
 
 
@@ -683,8 +930,9 @@ def postgres_note(plan: list[Measurement], summary: dict[str, Any], machine: dic
     if not rows:
         return []
     cores = machine.get("cores") or 1
-    lines = ["PostgreSQL, ours vs Node's Postgres backend (median jobs/s ratio; target: adds >= 1.2x, "
-             "worker >= 1.5x):"]
+    targets = ", ".join(f"{key} >= {value}x" for key, value in PG_TARGETS.items())
+    lines = [f"PostgreSQL, ours vs Node's Postgres backend (median jobs/s ratio; targets, median of the per-round "
+             f"ratios: {targets}; client CPU per job at or below Node's):"]
     for m in rows:
         per = summary.get(m.key) or {}
         node, ours, official = per.get("node"), per.get("compat"), per.get("official")
@@ -721,7 +969,51 @@ def postgres_note(plan: list[Measurement], summary: dict[str, Any], machine: dic
                        f"and one synchronous commit per call, the same SQL as Node's, on a server that shares "
                        f"the {cores} cores with the clients")
             lines.append(f"  {'':<38}   limit: {why}")
+        lines += postgres_profile(per)
     return lines
+
+
+def postgres_profile(per: dict[str, Any]) -> list[str]:
+    """Per job, medians over the rounds: the server's CPU, commits and WAL flushes of each
+    implementation's runs (over each runner's whole life, set-up included, server-wide)."""
+    out = []
+    for key, label in (("compat", "ours"), ("node", "Node"), ("floor", "floor"), ("ceiling", "pgbench")):
+        s = per.get(key)
+        if not s or "commitsPerJob" not in s:
+            continue
+        out.append(f"{label} {s['clientCpuUsPerJob']['median']:.1f}/{s['serverCpuUsPerJob']['median']:.0f} us, "
+                   f"{s['commitsPerJob']['median']:.3f} commits, {s['walFlushesPerJob']['median']:.3f} WAL flushes, "
+                   f"{s['walBytesPerJob']['median']:,.0f} B WAL")
+    if not out:
+        return []
+    return [f"  {'':<38}   per job (client/server CPU; whole runs, set-up incl.): " + "; ".join(out)]
+
+
+def check_targets(plan: list[Measurement], summary: dict[str, Any],
+                  cells: dict[str, dict[str, Cell]]) -> list[str]:
+    """The rows that miss their target (``--check``), one line each: a PostgreSQL row of PG_TARGETS
+    needs ours / Node's jobs/s, per round, at the target or above (the median of >= 3 rounds) and our
+    client CPU per job (median) at or below Node's. The Redis rows have no target here."""
+    misses = []
+    for m in plan:
+        target = PG_TARGETS.get(m.key) if m.backend == "postgres" else None
+        if target is None:
+            continue
+        per = summary.get(m.key) or {}
+        node, ours = per.get("node"), per.get("compat")
+        if not node or not ours:
+            misses.append(f"{m.key}: no {'Node' if not node else 'bullmq-compat'} result")
+            continue
+        paired = round_ratios(cells[m.key], "compat")
+        if len(paired) < 3:
+            misses.append(f"{m.key}: {len(paired)} round(s) with both results; the target needs >= 3")
+        elif statistics.median(paired) < target:
+            misses.append(f"{m.key}: ours / Node {statistics.median(paired):.2f}x (median of {len(paired)} per-round "
+                          f"ratios) below the target {target}x")
+        ours_cpu, node_cpu = ours["clientCpuUsPerJob"]["median"], node["clientCpuUsPerJob"]["median"]
+        if ours_cpu > node_cpu:
+            misses.append(f"{m.key}: client CPU {ours_cpu:.1f} us/job above Node's {node_cpu:.1f}")
+    return misses
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -731,10 +1023,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--rounds", type=int, help="rounds per measurement (default 3; 1 with --quick)")
     parser.add_argument("--jobs", type=int, help="job count of the add, bulk and process measurements")
     parser.add_argument("--latency-jobs", type=int, help="job count of the latency measurement (default 200)")
-    parser.add_argument("--only", help="comma-separated implementations among node,official,compat")
+    parser.add_argument("--only", help="comma-separated implementations among " + ",".join(IMPLS))
+    parser.add_argument("--no-peers", action="store_true",
+                        help="leave out the other Python queues (arq, rq, celery, dramatiq), which run by default")
     parser.add_argument("--measurements", help="comma-separated measurement keys (default: all)")
     parser.add_argument("--backends", help="comma-separated among redis,postgres (default: redis, and postgres "
                                            "when it answers)")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 when a row misses its target (PG_TARGETS, per-round ratios to Node, and client "
+                             "CPU per job at or below Node's), printing which")
     parser.add_argument("--postgres-url", help=f"the PostgreSQL of the postgres rows (default: POSTGRES_URL, else "
                                                f"{DEFAULT_POSTGRES_URL})")
     args = parser.parse_args(argv)
@@ -742,6 +1039,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if rounds < 1:
         parser.error("--rounds must be >= 1")
     wanted = [w.strip() for w in (args.only or ",".join(IMPLS)).split(",") if w.strip()]
+    if args.no_peers:
+        wanted = [w for w in wanted if w not in PEER_IMPLS]
     if set(wanted) - set(IMPLS):
         parser.error(f"--only takes {','.join(IMPLS)}")
     backends = [w.strip() for w in (args.backends or ",".join(BACKENDS)).split(",") if w.strip()]
@@ -773,8 +1072,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     skipped: dict[str, str] = {}
     not_on_pg: dict[str, str] = {}   # implementation -> why it has no PostgreSQL runs
     for key, factory in (("node", node_impl), ("official", official_impl), ("compat", compat_impl),
-                         ("floor", floor_impl)):
-        if key not in wanted:
+                         ("floor", floor_impl), ("ceiling", ceiling_impl)):
+        if key not in wanted or (key == "ceiling" and not use_pg):  # pgbench: PostgreSQL rows only
             continue
         impl, why = factory()
         if impl is None:
@@ -787,6 +1086,15 @@ def main(argv: Optional[list[str]] = None) -> int:
             if why_not:
                 not_on_pg[key] = why_not
                 print(f"NOTE: official port on PostgreSQL: n/a: {why_not}", flush=True)
+    for key in PEER_IMPLS:  # the other Python queues: Redis rows only
+        if key not in wanted or not use_redis or not any(m.backend == "redis" and m.key in PEER_ROWS for m in plan):
+            continue
+        impl, why = peer_impl(key)
+        if impl is None:
+            skipped[key] = why
+            print(f"NOTE: skipping {key}: {why}", flush=True)
+            continue
+        impls.append(impl)
     if not impls:
         print("nothing to run", file=sys.stderr)
         return 2
@@ -806,6 +1114,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"machine: {machine['cores']} cores, {machine['cpu_model']}; {'; '.join(where)}; "
               f"Python {machine['python_version']}; Node {machine['node_version']}", flush=True)
         print("implementations: " + ", ".join(i.label for i in impls), flush=True)
+        peer_models = {i.key: {str(c): PEER_MODELS[(i.key, c)] for c in (1, 10)} for i in impls if i.key in PEER_IMPLS}
+        if peer_models:
+            print("other Python queues (Redis rows: add, add-bulk where they have a bulk enqueue, worker c=1 and "
+                  "c=10 with jobs kept, latency): " + "; ".join(
+                      f"{i.label}: c=1 {PEER_MODELS[(i.key, 1)]}, c=10 {PEER_MODELS[(i.key, 10)]}"
+                      for i in impls if i.key in PEER_IMPLS), flush=True)
         print(f"{rounds} round(s); each run in a fresh process, Redis flushed / a new PostgreSQL schema before it; "
               "no warm-up", flush=True)
 
@@ -835,6 +1149,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                     cell.runs.append(run)
                     extra = (f"p50 {run['p50Ms']:.2f} ms p99 {run['p99Ms']:.2f} ms" if m.is_latency
                              else f"{run['jobsPerSec']:>10,.0f} jobs/s")
+                    if "steadyJobsPerSec" in run:
+                        extra += (f" (the limits' shortest run {run['limitSeconds']:.1f} s: "
+                                  f"{run['rateCeilingShare'] * 100:.0f}% of it; after the first window "
+                                  f"{run['steadyJobsPerSec']:,.0f} jobs/s)")
                     if "pairedRatio" in run:
                         twin_name = m.twin_label or ("concurrency-100 twin" if m.batch_size else "ungrouped twin")
                         extra += (f" ({twin_name} {run['pairedBaselineJobsPerSec']:,.0f} jobs/s: "
@@ -862,16 +1180,31 @@ def main(argv: Optional[list[str]] = None) -> int:
                  "every figure of a run with much steal is slowed)"))
         print(f"bullmq-compat and the floor: busy-poll budget {machine['busy_poll_us']} µs "
               "(BULLMQ_COMPAT_BUSY_POLL_US; 0: off)")
+        if peer_models:
+            print("other Python queues: " + ", ".join(i.label for i in impls if i.key in PEER_IMPLS)
+                  + " (each in bench-results/.venv-<name>; worker models in the worker rows; a worker in processes "
+                  "of its own is started inside the timed section and its CPU counted as client CPU)")
         for note_key, why in skipped.items():
             print(f"skipped {note_key}: {why}")
         for m in plan:
             print()
-            print(render_table(m, impls, summary[m.key], cells[m.key],
+            print(render_table(m, [peer_view(i, m) for i in impls], summary[m.key], cells[m.key],
                                not_on_pg if m.backend == "postgres" else None))
+            absent = [f"{PEER_NAMES[k]}: {PEER_NO_BULK[k]}" for k in PEER_NO_BULK if k in {i.key for i in impls}]
+            if absent and m.key == "add-bulk":
+                print("   -- (no row): " + "; ".join(absent))
             ratio = baseline_ratio(m, summary)
             if ratio is not None:
                 print(f"   {m.only} here vs its own {m.baseline} run: {ratio:.2f}x")
             paired = summary[m.key].get(m.only or "", {}) or {}
+            if "steadyJobsPerSec" in paired and m.group_rate:
+                st, share = paired["steadyJobsPerSec"], paired["rateCeilingShare"]
+                ceiling = m.groups * m.group_rate[0] * 1000 / m.group_rate[1]
+                print(f"   rate-limited groups: the run took median {share['median'] * 100:.0f}% "
+                      f"[{share['min'] * 100:.0f}-{share['max'] * 100:.0f}] of the shortest the limits allow "
+                      f"(limit seconds / seconds); after the first window (its {m.groups * m.group_rate[0]:,} jobs) "
+                      f"median {st['median']:,.0f} jobs/s [{st['min']:,.0f}-{st['max']:,.0f}], against the limits' "
+                      f"{ceiling:,.0f} jobs/s ({m.groups:,} groups x {m.group_rate[0]} per {m.group_rate[1]} ms)")
             if "pairedRatio" in paired:
                 p = paired["pairedRatio"]
                 twin_name = (f"a {m.twin_label}" if m.twin_label else
@@ -881,6 +1214,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                       f"median {p['median']:.2f}x [{p['min']:.2f}-{p['max']:.2f}], client CPU per job "
                       f"median {c['median']:.2f}x [{c['min']:.2f}-{c['max']:.2f}] (twin "
                       f"{paired['pairedBaselineCpuUsPerJob']['median']:.1f} us/job)")
+        lines_vs_peers = peer_lines(plan, impls, summary)
+        if lines_vs_peers:
+            print()
+            print("\n".join(lines_vs_peers))
         note = postgres_note(plan, summary, machine, cells)
         if note:
             print()
@@ -895,6 +1232,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                 "implementations": {i.key: {"label": i.label, "version": i.version} for i in impls},
                 "skipped": skipped,
                 "not_on_postgres": not_on_pg,
+                "peers": {k: {"version": i.version, "models": v, "bulk": PEER_BULK.get(k) or PEER_NO_BULK.get(k)}
+                          for k, v in peer_models.items() for i in impls if i.key == k},
+                "vs_peers": lines_vs_peers,
                 "summary": summary,
                 "runs": {m.key: {k: {"runs": c.runs, "errors": c.errors} for k, c in cells[m.key].items()}
                          for m in plan},
@@ -904,6 +1244,14 @@ def main(argv: Optional[list[str]] = None) -> int:
             with open(args.json, "w") as f:
                 json.dump(doc, f, indent=1)
             print(f"\nwrote {args.json}")
+        if args.check:
+            misses = check_targets(plan, summary, cells)
+            print()
+            if misses:
+                print("--check: targets missed:")
+                print("\n".join(f"  {line}" for line in misses))
+                return 1
+            print("--check: every row with a target meets it")
         return 1 if failed else 0
     finally:
         if server is not None:

@@ -146,16 +146,29 @@ async def op_add_bulk(args: dict[str, Any], adapter: Adapter, stats: RedisStats,
 
 async def op_process(args: dict[str, Any], adapter: Adapter, stats: RedisStats, meter: Meter) -> dict[str, Any]:
     jobs = args["jobs"]
+    rate = args.get("groupRateLimit")  # {"max", "duration"}: every group limited so (bullmq-compat only)
+    if rate:
+        await adapter.queue.set_default_group_rate_limit(max=rate["max"], duration=rate["duration"])  # type: ignore[attr-defined]
     await preload(adapter, jobs, args.get("batch") or 1000, args.get("groups") or 0)
     all_done = asyncio.get_running_loop().create_future()
     done = 0
+    # with a rate limit: the time the first window's jobs (groups x max) were done, for the steady rate
+    first_window = (args.get("groups") or 0) * rate["max"] if rate else 0
+    t_first: list[float] = []
 
     def on_completed(*_: Any) -> None:
         nonlocal done
         done += 1
+        if done == first_window:
+            t_first.append(time.perf_counter())
         if done == jobs:
             meter.stop()
+            t_end = time.perf_counter()
+            if t_first and t_end > t_first[0]:
+                extra["steadyJobsPerSec"] = (jobs - first_window) / (t_end - t_first[0])
             all_done.set_result(None)
+
+    extra: dict[str, Any] = {}
 
     adapter.make_worker(None, args.get("concurrency") or 1, bool(args.get("removeOnComplete")), on_completed)
     await adapter.worker_ready()
@@ -164,7 +177,7 @@ async def op_process(args: dict[str, Any], adapter: Adapter, stats: RedisStats, 
     adapter.start_worker()
     await all_done
     await adapter.close_worker()
-    return {}
+    return extra
 
 
 async def op_latency(args: dict[str, Any], adapter: Adapter, stats: RedisStats, meter: Meter) -> dict[str, Any]:

@@ -48,6 +48,12 @@ def test_bench_quick_compat_and_node(tmp_path: Path) -> None:
     batch = doc["summary"]["process-batch50"]["compat"]
     assert batch["pairedRatio"]["median"] > 0 and batch["pairedCpuRatio"]["median"] > 0
     assert "client CPU per job median" in proc.stdout  # the batch row's CPU ratio to its twin
+    # rate-limited groups: never faster than the limits allow (the shortest run they allow over the
+    # run's time is at most 1; ms rounding of the starts aside)
+    assert only.get("process-grouped-rl") == "compat"
+    limited = doc["summary"]["process-grouped-rl"]["compat"]
+    assert 0 < limited["rateCeilingShare"]["max"] <= 1.01, limited["rateCeilingShare"]
+    assert "rate-limited groups: the run took" in proc.stdout
     for key, per_impl in doc["summary"].items():
         for impl in ((only[key],) if only.get(key) else ("compat", "node")):
             s = per_impl[impl]
@@ -132,3 +138,58 @@ def test_bench_memory_small(tmp_path: Path) -> None:
         assert s["startMb"] == readings[0]["rssMb"] and s["endMb"] == readings[-1]["rssMb"]
         assert s["minMb"] <= s["maxMb"]
     assert "worker: RSS" in proc.stdout and "producer: RSS" in proc.stdout
+
+
+def test_bench_transactions_rows(postgres_url: str) -> None:
+    """scripts/bench_transactions.py (make bench's transaction pairs), tiny, on the suite's own
+    PostgreSQL: both rows print with a ratio, and every schema it made is dropped."""
+    import psycopg
+
+    def schemas() -> set[str]:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            rows = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'bench_tx_%'").fetchall()
+        return {r[0] for r in rows}
+
+    before = schemas()
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_transactions.py"), "--jobs", "40",
+                           "--rounds", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", "POSTGRES_URL": postgres_url})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith(("| enqueue", "| completion"))]
+    assert len(rows) == 2, proc.stdout
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert float(cells[1].replace(",", "")) > 0 and float(cells[2].replace(",", "")) > 0, row
+        assert cells[3].endswith("×"), row
+    assert schemas() - before == set(), "schemas left behind"
+
+
+def test_bench_relay_rows(postgres_url: str) -> None:
+    """scripts/bench_relay.py (make bench's Relay fan-out rows), tiny: its own redis-server and the
+    suite's PostgreSQL; every row has positive Node and Python figures and a ratio, and every
+    schema it made is dropped."""
+    import psycopg
+
+    def schemas() -> set[str]:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            rows = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'bench_relay_%'").fetchall()
+        return {r[0] for r in rows}
+
+    before = schemas()
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_relay.py"), "--quick", "--messages", "50",
+                           "--rounds", "1", "--backends", "redis,postgres", "--postgres-url", postgres_url],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith(("| Redis |", "| PostgreSQL |"))]
+    for backend in ("Redis", "PostgreSQL"):
+        mine = [r for r in rows if r.startswith(f"| {backend} |")]
+        assert len(mine) == 7, proc.stdout
+        assert any("deliveries/s" in r for r in mine) and any("p99" in r for r in mine), mine
+        for row in mine:
+            cells = [c.strip() for c in row.strip("|").split("|")]
+            node, python = (float(c.replace(",", "")) for c in cells[2:4])
+            assert node > 0 and python > 0, row
+            assert cells[4].endswith("×"), row
+    assert "LOST" not in proc.stdout and "FAILED" not in proc.stdout, proc.stdout
+    assert schemas() - before == set(), "schemas left behind"
