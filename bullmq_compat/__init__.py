@@ -12,6 +12,7 @@ from bullmq_compat._errors import (
     BullMQCompatError,
     DelayedError,
     ErrorCode,
+    GroupMaxSizeExceeded,
     GroupsNotInstalled,
     InvalidArgument,
     InvalidJobData,
@@ -37,7 +38,9 @@ from bullmq_compat._errors import (
     PostgresUnavailable,
     QueueClosed,
     RateLimitError,
+    RedisOutOfMemory,
     RedisUnavailable,
+    RelayError,
     SchedulerJobIdCollision,
     SchedulerJobSlotsBusy,
     SchemaMigrationRequired,
@@ -61,6 +64,7 @@ from bullmq_compat._prometheus import (  # prometheus_client is imported on firs
 )
 from bullmq_compat._queue import JobScheduler, Queue
 from bullmq_compat._queue_events import QueueEvents, QueueEventsProducer
+from bullmq_compat._relay import Relay, RelayMessage
 from bullmq_compat._sandbox import ChildCrashed, SandboxedJob
 from bullmq_compat._scheduler import default_repeat_strategy
 from bullmq_compat._telemetry import Telemetry
@@ -82,6 +86,7 @@ __all__ = [
     "FlowProducer",
     "GroupJobRefused",
     "GroupKeeper",
+    "GroupMaxSizeExceeded",
     "GroupsNotInstalled",
     "InvalidArgument",
     "InvalidJobData",
@@ -115,7 +120,11 @@ __all__ = [
     "QueueEvents",
     "QueueEventsProducer",
     "RateLimitError",
+    "RedisOutOfMemory",
     "RedisUnavailable",
+    "Relay",
+    "RelayError",
+    "RelayMessage",
     "SandboxedJob",
     "SchedulerJobIdCollision",
     "SchedulerJobSlotsBusy",

@@ -383,6 +383,62 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _relay(args: argparse.Namespace) -> Any:
+    from bullmq_compat._relay import Relay
+
+    url, options = _connection(args)
+    return Relay(url, namespace=args.namespace, name="bullmq-compat cli", **options)
+
+
+async def cmd_relay_publish(args: argparse.Namespace) -> int:
+    """Publish one message: prints Node's publish result ``{"mid", "nodes", "endpoints"}``."""
+    try:
+        data = json.loads(args.data)
+    except ValueError as err:
+        raise CliError(f"the message is not valid JSON ({err}): pass e.g. '{{\"key\": 1}}'") from None
+    if args.retain < 0:
+        raise CliError(f"--retain {args.retain}: a number of ms >= 0")
+    async with _relay(args) as relay:
+        print(json.dumps(await relay.publish(args.topic, data, retain=args.retain)))
+    return 0
+
+
+async def cmd_relay_subscribe(args: argparse.Namespace) -> int:
+    """Print one JSON line per message on ``pattern`` until interrupted (Ctrl-C, SIGTERM)."""
+    def show(message: Any) -> None:
+        print(json.dumps({"topic": message.topic, "data": message.data, "mid": message.mid, "ts": message.ts,
+                          "retained": message.retained}), flush=True)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    async with _relay(args) as relay:
+        relay.on("error", lambda err: print(f"bullmq-compat: relay error: {_shown(err, args)}", file=sys.stderr))
+        await relay.subscribe(args.pattern, show)
+        print(f"subscribed to {args.pattern!r} in namespace {args.namespace!r} at {_where(args)} "
+              f"as node {relay.node_id}", file=sys.stderr, flush=True)
+        await stop.wait()
+    return 0
+
+
+async def cmd_relay_nodes(args: argparse.Namespace) -> int:
+    """The namespace's nodes (this command's own node left out) and its totals."""
+    async with _relay(args) as relay:
+        nodes = [n for n in await relay.get_nodes() if n["id"] != relay.node_id]
+        counts = await relay.get_counts()
+    if args.json:
+        print(json.dumps({"nodes": nodes, "counts": {**counts, "nodes": counts["nodes"] - 1}}))
+        return 0
+    if not nodes:
+        print(f"no relay nodes in namespace {args.namespace!r} at {_where(args)}")
+        return 0
+    print(_table([[n["id"], n["info"].get("name", ""), n["info"].get("host", ""), n["info"].get("pid", ""),
+                   n["subscriptions"], n["backlog"], n["dropped"]] for n in nodes],
+                 ["node", "name", "host", "pid", "subscriptions", "backlog", "dropped"]))
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     script = REPO_ROOT / "scripts" / "bench.py"
     if not script.exists():
@@ -510,6 +566,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drop-groups", action="store_true",
                    help="remove bullmq-compat's group objects (held group jobs are released to wait)")
     p.set_defaults(run=cmd_migrate)
+
+    relay_common = argparse.ArgumentParser(add_help=False, parents=[common])
+    relay_common.add_argument("--namespace", default="default", help="the relay namespace (default default)")
+    p = sub.add_parser("relay", help="the relay (BullMQ 6.7's fleet pub/sub): publish, subscribe, nodes")
+    relay_sub = p.add_subparsers(dest="relay_command", required=True)
+    p = relay_sub.add_parser("publish", parents=[relay_common], help="publish: relay publish TOPIC JSON [--retain MS]")
+    p.add_argument("topic")
+    p.add_argument("data", help="the message, as JSON")
+    p.add_argument("--retain", type=int, default=0, help="keep it for new subscribers of the topic for MS ms")
+    p.set_defaults(run=cmd_relay_publish)
+    p = relay_sub.add_parser("subscribe", parents=[relay_common],
+                             help="print one JSON line per message on PATTERN (* one segment, > the rest) until Ctrl-C")
+    p.add_argument("pattern")
+    p.set_defaults(run=cmd_relay_subscribe)
+    p = relay_sub.add_parser("nodes", parents=[relay_common], help="the namespace's nodes")
+    p.add_argument("--json", action="store_true", help="print them as JSON")
+    p.set_defaults(run=cmd_relay_nodes)
 
     p = sub.add_parser("bench", help="the side-by-side benchmark (scripts/bench.py)")
     p.add_argument("rest", nargs=argparse.REMAINDER)

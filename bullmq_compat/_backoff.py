@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 import random
 from typing import Any, Callable, Optional
 
@@ -18,7 +19,7 @@ def builtin_delay(backoff: dict[str, Any], attempts_made: int) -> Optional[int]:
             return int(random.random() * delay * jitter + delay * (1 - jitter))
         return int(delay)
     if kind == "exponential":
-        max_delay = round(2 ** (attempts_made - 1) * delay)
+        max_delay = math.floor(2 ** (attempts_made - 1) * delay + 0.5)  # Math.round: halves go up
         if jitter > 0:
             return int(random.random() * max_delay * jitter + max_delay * (1 - jitter))
         return int(max_delay)

@@ -29,9 +29,6 @@ from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Iterator, Optional
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
-from croniter.croniter import CroniterBadDateError
-
 from bullmq_compat._errors import InvalidArgument
 
 __all__ = ["CronPattern", "parse_cron", "next_cron_millis", "KNOWN_DIFFERENCES"]
@@ -226,6 +223,9 @@ def _zone(tz: Optional[str]) -> tzinfo:
 
 def _wall_times(cron: CronPattern, after: datetime) -> Iterator[datetime]:
     """Naive wall times matching ``cron``, strictly after ``after``, in order (OR of alternatives)."""
+    from croniter import croniter  # here, not at import: croniter (and dateutil) cost a Worker's start ~30 ms
+    from croniter.croniter import CroniterBadDateError
+
     iters = []
     for expr in cron.alternatives:
         iters.append(croniter(expr, after, second_at_beginning=True, max_years_between_matches=_MAX_YEARS))

@@ -5,7 +5,7 @@ each code into a named exception carrying the message Node BullMQ gives for it.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 
 class BullMQCompatError(Exception):
@@ -38,6 +38,26 @@ class InvalidJobOptions(InvalidArgument):
 
 class RedisUnavailable(BullMQCompatError, ConnectionError):
     """Redis could not be reached at the configured address."""
+
+
+class RedisOutOfMemory(BullMQCompatError):
+    """Redis refused a write with its OOM reply: used memory is over ``maxmemory`` and the
+    ``maxmemory-policy`` (``noeviction``) lets it evict nothing. The refused call wrote nothing (a
+    script is refused at its first write); `reply` is Redis's own error. Retry once memory frees."""
+
+    def __init__(self, what: str, reply: BaseException) -> None:
+        """``what`` names the refused call and its queue; ``reply`` is the error Redis answered."""
+        super().__init__(
+            f"{what} refused: Redis is out of memory (used memory > 'maxmemory', and maxmemory-policy "
+            f"noeviction lets it evict nothing); nothing was written. Free memory or raise maxmemory, "
+            f"then retry. Redis said: {reply}")
+        self.reply = reply
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """Redis's OOM reply, as redis-py raises it (``OutOfMemoryError``) or the fast path (code ``OOM``)."""
+    return isinstance(err, RedisOutOfMemory) or getattr(err, "code", None) == "OOM" or any(
+        cls.__name__ == "OutOfMemoryError" for cls in type(err).__mro__)
 
 
 class QueueClosed(BullMQCompatError):
@@ -239,13 +259,38 @@ class GroupsNotInstalled(BullMQCompatError):
     """A group job or group call on a PostgreSQL schema without bullmq-compat's group objects
     (install them with ``migrate_postgres(url, schema=..., groups=True)``)."""
 
-    def __init__(self, schema: str) -> None:
-        """``schema`` is the PostgreSQL schema that lacks the group objects."""
+    def __init__(self, schema: str, needed: Optional[str] = None) -> None:
+        """``schema`` is the PostgreSQL schema that lacks the group objects; ``needed``: the feature
+        that needs newer ones than the schema has (their upgrade is the same call)."""
+        what = (f"{needed} needs a newer version of bullmq-compat's group objects than schema {schema!r} has"
+                if needed else
+                f"groups on PostgreSQL need bullmq-compat's group objects in schema {schema!r}, which has none")
         super().__init__(
-            f"groups on PostgreSQL need bullmq-compat's group objects in schema {schema!r}, which has none: run "
-            f"bullmq_compat.migrate_postgres(url, schema={schema!r}, groups=True) once, or "
+            f"{what}: run bullmq_compat.migrate_postgres(url, schema={schema!r}, groups=True) once, or "
             f"`bullmq-compat migrate --postgres URL --schema {schema} --groups`")
         self.schema = schema
+
+
+class GroupMaxSizeExceeded(BullMQCompatError):
+    """A group add refused because the group already holds its ``max_size`` (BullMQ Pro's
+    ``group.maxSize``, its GroupMaxSizeExceededError): the job was not added, nothing was written.
+
+    A group's size is its jobs not started yet: those waiting for their turn behind the gate and
+    those released but not yet taken by a worker (waiting, prioritized or delayed, a retry's backoff
+    included); active and finished jobs do not count. ``group_id`` and ``max_size`` name the group
+    and its limit."""
+
+    def __init__(self, group_id: str, max_size: int, queue: Optional[str] = None) -> None:
+        """``group_id``: the group; ``max_size``: the limit the refused add gave; ``queue``: its queue."""
+        where = f" of queue {queue!r}" if queue else ""
+        super().__init__(
+            f"group {group_id!r}{where} already holds max_size={max_size} jobs not started yet (waiting for "
+            f"their turn, or released and not taken by a worker; active and finished jobs do not count): the "
+            f"job was not added and nothing was written. Catch GroupMaxSizeExceeded to drop it, or retry "
+            f"once the group has run some of its jobs")
+        self.group_id = group_id
+        self.max_size = max_size
+        self.queue = queue
 
 
 class SchemaVersionMismatch(BullMQCompatError):
@@ -310,3 +355,41 @@ class MetricsTime(_enum.IntEnum):
     ONE_WEEK = 10080
     TWO_WEEKS = 20160
     ONE_MONTH = 80640
+
+
+#: upstream's relay error codes (``RelayErrorCode``) and Node's texts for them
+RELAY_ERROR_MESSAGES = {
+    -1: "Invalid topic",
+    -2: "Invalid topic pattern",
+    -3: "Relay node is not registered",
+    -4: "Message data is too large",
+    -5: "Invalid relay node or endpoint id",
+    -6: "The relay namespace is in use by nodes with an incompatible BullMQ version",
+}
+
+
+class RelayError(BullMQCompatError):
+    """The relay's datastore refused a call (upstream's ``RelayError``): `code` is upstream's negative
+    ``RelayErrorCode`` (-1 invalid topic, -2 invalid pattern, -3 node not registered, -4 data too
+    large, -5 invalid id, -6 incompatible layout), the message Node's text, then the detail."""
+
+    INVALID_TOPIC = -1
+    INVALID_PATTERN = -2
+    NODE_NOT_REGISTERED = -3
+    DATA_TOO_LARGE = -4
+    INVALID_ID = -5
+    INCOMPATIBLE_LAYOUT = -6
+
+    def __init__(self, code: int, detail: Optional[str] = None) -> None:
+        """``code``: upstream's code; ``detail``: what was refused (the topic, pattern or node id)."""
+        text = RELAY_ERROR_MESSAGES.get(code, f"Relay error {code}")
+        super().__init__(f"{text}: {detail}" if detail else text)
+        self.code = code
+        self.detail = detail
+
+
+def check_relay_result(result: Any, detail: Optional[str] = None) -> Any:
+    """Upstream's ``checkRelayResult``: a negative integer reply raises `RelayError`, else the reply."""
+    if isinstance(result, int) and not isinstance(result, bool) and result < 0:
+        raise RelayError(result, detail)
+    return result

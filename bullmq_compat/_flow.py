@@ -24,12 +24,16 @@ from bullmq_compat._errors import (
     InvalidJobOptions,
     ParentJobNotFound,
     QueueClosed,
+    RedisOutOfMemory,
+    is_out_of_memory,
     script_error,
 )
+from bullmq_compat._groups import GROUP_OPTIONS, GroupJobRefused, check_group_combination, group_support
 from bullmq_compat._job import Job
 from bullmq_compat._job_ids import JobIdGenerator, id_generator
 from bullmq_compat._queue import Connection, Queue, check_prefix, check_queue_name
 from bullmq_compat._telemetry import BULK_COUNT, BULK_NAMES, FLOW_NAME, JOB_ID, JOB_NAME, Telemetry, resolve
+from bullmq_compat._transactions import driver_connection
 from bullmq_compat._wire.options import merge_defaults, normalize_job_options
 
 _NODE_KEYS = {"name", "queue_name", "queueName", "data", "opts", "children", "prefix"}
@@ -157,17 +161,18 @@ class FlowProducer:
 
     # -- adding ---------------------------------------------------------------------------------
     async def add(self, flow: Mapping[str, Any], *,
-                  queues_options: Optional[Mapping[str, Mapping[str, Any]]] = None) -> JobNode:
+                  queues_options: Optional[Mapping[str, Mapping[str, Any]]] = None, transaction: Any = None) -> JobNode:
         """Add one flow atomically: every job of the tree, or (on bad input) none.
 
         ``flow`` is ``{"name", "queue_name" (or Node's "queueName"), "data", "opts", "children":
         [...flows], "prefix"}``; a root may name an existing parent in ``opts["parent"]``.
         ``queues_options`` gives default job options per queue name:
-        ``{"frames": {"default_job_options": {"attempts": 3}}}``.
+        ``{"frames": {"default_job_options": {"attempts": 3}}}``. ``transaction=`` (PostgreSQL):
+        the caller's open transaction, as for `Queue.add`: the whole tree commits or rolls back with it.
         """
-        return (await self._add([flow], queues_options, bulk=False))[0]
+        return (await self._add([flow], queues_options, bulk=False, transaction=transaction))[0]
 
-    async def add_bulk(self, flows: Sequence[Mapping[str, Any]]) -> list[JobNode]:
+    async def add_bulk(self, flows: Sequence[Mapping[str, Any]], *, transaction: Any = None) -> list[JobNode]:
         """Add several flows in one transaction; a bad one refuses them all before anything is written.
 
         A root whose ``opts["parent"]`` names a job that does not exist raises `ParentJobNotFound`
@@ -175,14 +180,14 @@ class FlowProducer:
         every tree, the one refused included, as if it had been added)."""
         if isinstance(flows, (str, bytes, Mapping)) or not isinstance(flows, Sequence):
             raise InvalidArgument(f"add_bulk takes a list of flows, not {type(flows).__name__}")
-        return await self._add(list(flows), None, bulk=True)
+        return await self._add(list(flows), None, bulk=True, transaction=transaction)
 
     async def _add(self, flows: list[Mapping[str, Any]], queues_options: Optional[Mapping[str, Mapping[str, Any]]],
-                   *, bulk: bool) -> list[JobNode]:
+                   *, bulk: bool, transaction: Any = None) -> list[JobNode]:
         if self.closing:
             raise self._closed_error()
         if self.telemetry is None:
-            return await self._add_flows(flows, queues_options, None)
+            return await self._add_flows(flows, queues_options, None, transaction)
         if bulk:
             names = ",".join(str(flow.get("name")) for flow in flows if isinstance(flow, Mapping))
             traced = self.telemetry.span(SpanKind.PRODUCER, "", "addBulkFlows",
@@ -193,11 +198,11 @@ class FlowProducer:
             traced = self.telemetry.span(SpanKind.PRODUCER, queue_name, "addFlow", queue_name,
                                          attributes={FLOW_NAME: str(root.get("name"))})
         with traced:
-            return await self._add_flows(flows, queues_options, [])
+            return await self._add_flows(flows, queues_options, [], transaction)
 
     async def _add_flows(self, flows: list[Mapping[str, Any]],
                          queues_options: Optional[Mapping[str, Mapping[str, Any]]],
-                         node_spans: Optional[list[Any]]) -> list[JobNode]:
+                         node_spans: Optional[list[Any]], transaction: Any = None) -> list[JobNode]:
         defaults = self._queue_defaults(queues_options)
         try:
             entries, roots = self._collect(flows, defaults, node_spans)
@@ -207,8 +212,11 @@ class FlowProducer:
         if not entries:
             return roots
         await self.wait_until_ready()
+        backend = self._backend
+        if transaction is not None:
+            backend = backend.in_transaction(await driver_connection(transaction))
         try:
-            results = await self._backend.add_flow([entry.prepared for entry in entries])
+            results = await backend.add_flow([entry.prepared for entry in entries])
         except ParentJobNotFound as err:
             trees = [f"flow[{i}]" for i, root in enumerate(roots) if root.job.parent_key == err.parent_key]
             if trees and len(roots) > 1:
@@ -217,8 +225,14 @@ class FlowProducer:
                 refused.parent_key = err.parent_key
                 raise refused from None
             raise
+        except Exception as err:
+            if is_out_of_memory(err):
+                raise RedisOutOfMemory("flow add", err) from err
+            raise
         for entry, result in zip(entries, results):
             if isinstance(result, BaseException):
+                if is_out_of_memory(result):
+                    raise RedisOutOfMemory("flow add", result) from result
                 raise result
             if isinstance(result, int) and result < 0:
                 raise script_error(result, job_id=str(entry.node.job.id), command="addJob",
@@ -300,13 +314,20 @@ class FlowProducer:
             raw_opts = spec.get("opts") or {}
             if not isinstance(raw_opts, Mapping):
                 raise InvalidJobOptions(f"opts={raw_opts!r} must be a dict")
-            grouped = [key for key in _GROUP_KEYS if key in raw_opts]
-            if grouped:
-                raise InvalidJobOptions(f"option {grouped[0]!r}: group jobs cannot be part of a flow")
-            opts = merge_defaults(defaults.get(queue_name), normalize_job_options(raw_opts))
+            grouped = [key for key in _GROUP_KEYS if raw_opts.get(key) is not None]
+            if grouped and children:
+                raise GroupJobRefused(
+                    f"option {grouped[0]!r}={raw_opts[grouped[0]]!r} on a node with children: a group job cannot "
+                    "be a flow parent (the group gate holds jobs in waiting-children, where upstream also keeps "
+                    "a parent until its children finish, and moves it out when they have); group its children "
+                    "instead")
+            opts = merge_defaults(defaults.get(queue_name), normalize_job_options(raw_opts, extra=GROUP_OPTIONS))
             # A child's parent is the node above it; a root keeps the parent its opts name (if any).
             if parent_opts is not None:
                 opts["parent"] = parent_opts
+            check_group_combination(opts)
+            if opts.get("group") is not None:
+                group_support(queue.backend)  # refused where the backend has no group gate
             parent = opts.get("parent")
             if opts.get("deduplication"):
                 if children:

@@ -55,6 +55,8 @@ def _js_int(text: Optional[str]) -> Optional[int]:
     """JavaScript's ``parseInt(text)``, as Node reads a job hash's numbers: white space skipped, a
     sign, then the longest run of decimal digits (hexadecimal after ``0x``), the rest ignored; the
     value as a double holds it (beyond 2**53 rounded, as Node's JSON writes it). None for NaN."""
+    if text and text.isascii() and text.isdigit() and len(text) < 16:  # the usual stored number
+        return int(text)
     if text is None:
         return None
     match = _JS_INT.match(text.lstrip(_JS_SPACE))
@@ -100,12 +102,26 @@ def _stored_opts(text: str) -> tuple[dict[str, Any], Optional[str]]:
     if attempts is not None and (isinstance(attempts, bool) or not isinstance(attempts, (int, float))
                                  or not math.isfinite(attempts)):
         problem = f"opts.attempts={attempts!r} is not a finite number"
-    result = (from_wire(stored), problem)
+    result = (_as_node_builds(from_wire(stored)), problem)
     if all(type(value) in _SCALARS for value in result[0].values()):
         if len(_OPTS_CACHE) >= _OPTS_CACHE_MAX:
             _OPTS_CACHE.clear()
         _OPTS_CACHE[text] = result
     return result
+
+
+def _as_node_builds(opts: dict[str, Any]) -> dict[str, Any]:
+    """Read options as Node's Job constructor keeps them: without ``repeatJobKey`` (the job's
+    ``repeat_job_key``), and a finite number ``backoff`` as ``{"type": "fixed", "delay": n}``
+    (Backoffs.normalize; a falsy one is dropped)."""
+    opts.pop("repeat_job_key", None)
+    if "backoff" in opts:
+        backoff = opts["backoff"]
+        if isinstance(backoff, (int, float)) and not isinstance(backoff, bool) and math.isfinite(backoff):
+            opts["backoff"] = {"type": "fixed", "delay": backoff}
+        elif not backoff:
+            del opts["backoff"]
+    return opts
 
 
 def job_json_from_raw(raw: Mapping[str, str]) -> dict[str, Any]:
@@ -136,6 +152,13 @@ class Job(FlowJobMixin):
     >>> await job.get_state()
     'waiting'
     """
+
+    #: while a ``Worker(transactional=True)`` processor runs: its transaction's connection (a psycopg
+    #: ``AsyncConnection``); what the processor writes there commits with the job's completion
+    transaction: Any = None
+    #: set by ``Worker.rate_limit_group``: the job went back to wait its group's turn, its worker
+    #: does not finish this attempt
+    _handed_back: bool = False
 
     def __init__(self, queue: "QueueBase", name: str, data: Any = None,
                  opts: Optional[Mapping[str, Any]] = None, id: Optional[str] = None) -> None:
@@ -203,32 +226,16 @@ class Job(FlowJobMixin):
         job.data = {} if data is None else data
         job.opts = opts = dict(opts)
         # numbers as Node reads them (rawToJobJson's parseInt, then Job.fromJSON; NaN, which an int
-        # cannot hold, reads 0; processedOn/finishedOn that are NaN or 0 are not set, as in Node):
-        # the usual value is a short run of ASCII digits
-        value = get("timestamp")
-        job.timestamp = int(value) if value and value.isascii() and value.isdigit() and len(value) < 16 \
-            else _js_int(value) or 0
-        value = get("delay")
-        job.delay = int(value) if value and value.isascii() and value.isdigit() and len(value) < 16 \
-            else _js_int(value) or 0
-        value = get("priority")
-        job.priority = int(value) if value and value.isascii() and value.isdigit() and len(value) < 16 \
-            else _js_int(value) or 0
-        value = get("attemptsMade") or get("atm")  # (JavaScript's ||: "0" is true, "" is not)
-        job.attempts_made = int(value) if value and value.isascii() and value.isdigit() and len(value) < 16 \
-            else _js_int(value) or 0
-        value = get("ats")
-        job.attempts_started = int(value) if value and value.isascii() and value.isdigit() and len(value) < 16 \
-            else _js_int(value) or 0
-        value = get("stc")
-        job.stalled_counter = int(value) if value and value.isascii() and value.isdigit() and len(value) < 16 \
-            else _js_int(value) or 0
-        value = get("processedOn")
-        job.processed_on = None if not value else (
-            int(value) if value.isascii() and value.isdigit() and len(value) < 16 else _js_int(value)) or None
-        value = get("finishedOn")
-        job.finished_on = None if not value else (
-            int(value) if value.isascii() and value.isdigit() and len(value) < 16 else _js_int(value)) or None
+        # cannot hold, reads 0; processedOn/finishedOn that are NaN or 0 are not set, as in Node;
+        # attemptsMade || atm: "0" is true in JavaScript, "" is not)
+        job.timestamp = _js_int(get("timestamp")) or 0
+        job.delay = _js_int(get("delay")) or 0
+        job.priority = _js_int(get("priority")) or 0
+        job.attempts_made = _js_int(get("attemptsMade") or get("atm")) or 0
+        job.attempts_started = _js_int(get("ats")) or 0
+        job.stalled_counter = _js_int(get("stc")) or 0
+        job.processed_on = _js_int(get("processedOn")) or None
+        job.finished_on = _js_int(get("finishedOn")) or None
         # the fields below are absent from a job that is not finished, retried or a flow's
         job.returnvalue = _json(raw["returnvalue"], raw["returnvalue"]) if "returnvalue" in raw else None
         job.failed_reason = get("failedReason")
@@ -288,7 +295,7 @@ class Job(FlowJobMixin):
         opts = json.get("opts") or {}
         if not isinstance(opts, Mapping):
             raise InvalidArgument(f"JobJson opts {opts!r} must be a dict")
-        job = cls(queue, str(json.get("name") or ""), data, from_wire(opts), json.get("id") or job_id)
+        job = cls(queue, str(json.get("name") or ""), data, _as_node_builds(from_wire(opts)), json.get("id") or job_id)
         job.progress = json.get("progress", 0) if json.get("progress") is not None else 0
         job.delay = int_or_zero(json.get("delay"))
         job.priority = int_or_zero(json.get("priority"))
@@ -492,7 +499,23 @@ class Job(FlowJobMixin):
         self.delay = delay
 
     async def change_priority(self, priority: int = 0, lifo: bool = False) -> None:
-        """Change the priority of a waiting or prioritized job."""
+        """Change the priority of a waiting or prioritized job.
+
+        A group job that waits for its turn behind its group's gate (docs/groups.md, "Priority
+        within a group") gets ``priority`` as its *group* priority (``opts["group"]["priority"]``,
+        an int from 0 to 2,097,151) and moves within its group; its own priority is left as it is
+        (``lifo`` is refused there). A released group job, like any other, changes its own priority."""
+        if self.group_id is not None:
+            from bullmq_compat._groups import check_group_priority
+
+            check_group_priority({"id": self.group_id, "priority": priority}, priority)
+            gate = self._backend.groups()
+            await gate.ready()
+            if await gate.change_held_priority(str(self.id), priority, lifo):
+                group = self.opts.get("group")
+                self.opts["group"] = {**(group if isinstance(group, dict) else {"id": self.group_id}),
+                                      "priority": priority}
+                return
         priority = normalize_job_options({"priority": priority})["priority"]
         await self._backend.change_priority(str(self.id), priority, lifo)
         self.priority = priority
@@ -509,11 +532,18 @@ class Job(FlowJobMixin):
         channel = getattr(self.queue, "_channel", None)
         return channel if channel is not None else await self.queue.worker_channel()
 
-    async def move_to_completed(self, return_value: Any, token: str, fetch_next: bool = False) -> Any:
+    async def move_to_completed(self, return_value: Any, token: str, fetch_next: bool = False, *,
+                                transaction: Any = None) -> Any:
         """Complete this active job (its lock ``token`` must match); returns the next job's
-        `NextJob` when ``fetch_next``. Raises `InvalidJobData` for a value that is not JSON."""
+        `NextJob` when ``fetch_next``. Raises `InvalidJobData` for a value that is not JSON.
+        ``transaction``: the worker's `JobTransaction` for this job (``Worker(transactional=True)``),
+        committed with the completion."""
         value = codec.dumps(return_value, what="return value")
         now = int(time.time() * 1000)
+        if transaction is not None:
+            reply = await transaction.complete(str(self.id), self.opts, value, token, now, fetch_next)
+            self._completed(return_value, now)
+            return reply
         channel = getattr(self.queue, "_channel", None)  # a running Worker's: no coroutine to await
         if channel is None:
             channel = await self._channel()
@@ -526,12 +556,15 @@ class Job(FlowJobMixin):
                 job_id, self.opts, "completed", value, token, now, fetch_next, group_id=self.group_id), err)
         else:
             self.queue._connection_ok()
+        self._completed(return_value, now)
+        return reply
+
+    def _completed(self, return_value: Any, now: int) -> None:
         self.returnvalue = return_value
         self.finished_on = now
         self.attempts_made += 1
         if getattr(self.queue, "meter", None) is not None:
             record_job(self, "completed")
-        return reply
 
     async def move_to_failed(self, err: BaseException, token: str, fetch_next: bool = False) -> Any:
         """Fail this attempt as Node does: retry (now, or after the backoff) while attempts remain and

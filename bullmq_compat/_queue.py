@@ -12,7 +12,14 @@ from opentelemetry.trace import SpanKind
 from bullmq_compat import _telemetry as telemetry_attrs
 from bullmq_compat._backends import open_backend
 from bullmq_compat._backends.base import NewJob, QueueBackend, WorkerChannel, WorkerSettings
-from bullmq_compat._errors import InvalidArgument, InvalidQueueName, QueueClosed, script_error
+from bullmq_compat._errors import (
+    InvalidArgument,
+    InvalidQueueName,
+    QueueClosed,
+    RedisOutOfMemory,
+    is_out_of_memory,
+    script_error,
+)
 from bullmq_compat._events import EventEmitter
 from bullmq_compat._groups import (
     GROUP_OPTIONS,
@@ -26,6 +33,7 @@ from bullmq_compat._meter import JobMetrics
 from bullmq_compat._queue_manage import QueueManagementMixin
 from bullmq_compat._scheduler import JobSchedulerMixin, _template_opts, _upsert, normalize_repeat_options
 from bullmq_compat._telemetry import resolve_both as resolve_telemetry
+from bullmq_compat._transactions import driver_connection
 from bullmq_compat._wire import codec
 from bullmq_compat._wire.options import JobOptions, from_wire, merge_defaults, normalize_job_options, to_wire
 
@@ -384,12 +392,13 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
     def _check_result(self, prepared: Any, result: Any) -> Any:
         return self._checked(result, prepared.opts, getattr(prepared, "job_id", None))
 
-    @staticmethod
-    def _checked(result: Any, opts: Mapping[str, Any], job_id: Optional[str]) -> Any:
+    def _checked(self, result: Any, opts: Mapping[str, Any], job_id: Optional[str]) -> Any:
         """An add script's reply (the new job's id), or the error it stands for raised."""
         if isinstance(result, BaseException):
+            if is_out_of_memory(result) and not isinstance(result, RedisOutOfMemory):
+                raise RedisOutOfMemory(f"add to queue {self.name!r}", result) from result
             raise result
-        refusal = group_add_refusal(result, opts)
+        refusal = group_add_refusal(result, opts, self.name)
         if refusal is not None:
             raise refusal
         if isinstance(result, int) and result < 0:
@@ -441,13 +450,21 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
         self.emit("waiting", job)  # as Node's Queue.add (addBulk emits none)
         return job
 
-    async def add(self, name: str, data: Any = None, **opts: Unpack[JobOptions]) -> Job:
+    async def add(self, name: str, data: Any = None, *, transaction: Any = None, **opts: Unpack[JobOptions]) -> Job:
         """Add one job. Options by Python or Node name: delay, priority, lifo, attempts, backoff,
         job_id, remove_on_complete, remove_on_fail, deduplication, keep_logs, size_limit, ...
         (`JobOptions` lists them with their types, for type checkers; docs/queue.md has the table).
 
+        ``transaction=`` (PostgreSQL queues): the caller's open transaction -- a psycopg 3
+        connection, a SQLAlchemy session or connection over psycopg, or Django's connection
+        inside ``transaction.atomic()``. The job is written on it by the same SQL, is seen by
+        workers when the caller commits and is gone if it rolls back (docs/postgres.md,
+        "Transactions").
+
         Bad input raises an `InvalidArgument` subclass before anything is written.
         """
+        if transaction is not None:
+            return await self._add_in_transaction(name, data, opts, transaction)
         if self.telemetry is not None:
             return await self._add_traced(name, data, opts)
         if opts or self._id_generator is not None or not self._readied():
@@ -492,6 +509,28 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
             return dict(opts)
         return {**opts, "telemetry": {"metadata": metadata}}
 
+    async def _in_transaction(self, transaction: Any) -> QueueBackend:
+        """This queue's backend writing in the caller's transaction (`QueueBackend.in_transaction`)."""
+        await self.wait_until_ready()
+        return self.backend.in_transaction(await driver_connection(transaction))
+
+    async def _add_in_transaction(self, name: str, data: Any, opts: Mapping[str, Any], transaction: Any) -> Job:
+        async def add(opts: Mapping[str, Any]) -> Job:
+            prepared = self._prepare(name, data, opts)
+            backend = await self._in_transaction(transaction)
+            [result] = await backend.add_jobs([prepared])
+            job = self._job_from(prepared, self._check_result(prepared, result))
+            self.emit("waiting", job)
+            return job
+
+        if self.telemetry is None:
+            return await add(opts)
+        with self.telemetry.span(SpanKind.PRODUCER, self.name, "add", f"{self.name}.{name}") as (span, metadata):
+            job = await add(self._with_trace_context(opts, metadata))
+            span.set_attributes({telemetry_attrs.JOB_NAME: name, telemetry_attrs.JOB_ID: str(job.id),
+                                 telemetry_attrs.MESSAGING_MESSAGE_ID: str(job.id)})
+            return job
+
     async def _add_traced(self, name: str, data: Any, opts: Mapping[str, Any]) -> Job:
         assert self.telemetry is not None
         with self.telemetry.span(SpanKind.PRODUCER, self.name, "add", f"{self.name}.{name}") as (span, metadata):
@@ -500,10 +539,11 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
                                  telemetry_attrs.MESSAGING_MESSAGE_ID: str(job.id)})
             return job
 
-    async def add_bulk(self, jobs: Sequence[Mapping[str, Any]]) -> list[Job]:
+    async def add_bulk(self, jobs: Sequence[Mapping[str, Any]], *, transaction: Any = None) -> list[Job]:
         """Add many jobs in one round trip: ``[{"name": ..., "data": ..., "opts": {...}}, ...]``.
 
         Every item is validated before anything is sent, so bad input writes nothing.
+        ``transaction=``: as for `add` (PostgreSQL), all of them in the caller's transaction.
         """
         if self.telemetry is not None:
             names = [item.get("name") for item in jobs if isinstance(item, Mapping)]
@@ -512,10 +552,10 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
                     telemetry_attrs.BULK_COUNT: len(jobs)}) as (_span, metadata):
                 return await self._add_bulk([
                     {**item, "opts": self._with_trace_context(item.get("opts") or {}, metadata)}
-                    if isinstance(item, Mapping) else item for item in jobs])
-        return await self._add_bulk(jobs)
+                    if isinstance(item, Mapping) else item for item in jobs], transaction)
+        return await self._add_bulk(jobs, transaction)
 
-    async def _add_bulk(self, jobs: Sequence[Mapping[str, Any]]) -> list[Job]:
+    async def _add_bulk(self, jobs: Sequence[Mapping[str, Any]], transaction: Any = None) -> list[Job]:
         new_jobs: list[NewJob] = []
         for index, item in enumerate(jobs):
             if not isinstance(item, Mapping):
@@ -527,6 +567,11 @@ class Queue(GroupsMixin, JobSchedulerMixin, QueueManagementMixin, QueueBase):
             if "name" not in item:
                 raise InvalidArgument(f"add_bulk item {index} has no 'name'")
             new_jobs.append(self._new_job(item["name"], item.get("data"), item.get("opts") or {}))
+        if transaction is not None:
+            in_tx: Any = await self._in_transaction(transaction)
+            prepared = [in_tx.prepare(job) for job in new_jobs]  # all of them before anything is sent
+            results = await in_tx.add_jobs(prepared)
+            return [self._job_from(p, self._check_result(p, r)) for p, r in zip(prepared, results)]
         check = getattr(self.backend, "check_add", None)
         if check is None:  # a backend without that split (PostgreSQL prepares nothing: add_jobs checks)
             prepare = getattr(self.backend, "prepare", None)

@@ -125,7 +125,16 @@ def _template_opts(defaults: Mapping[str, Any], opts: Mapping[str, Any]) -> dict
     """The template's job options (Node form), merged over the queue's defaults, as Node stores them."""
     if not isinstance(opts, Mapping):
         raise InvalidJobOptions(f"template opts {opts!r} must be a dict")
-    normalized = normalize_job_options(opts)
+    from bullmq_compat._groups import GROUP_OPTIONS
+
+    normalized = normalize_job_options(opts, extra=GROUP_OPTIONS)
+    ordered = [k for k in ("order_ms", "orderMs") if k in normalized]
+    if ordered:
+        raise InvalidJobOptions(f"a job scheduler's template cannot set {ordered[0]}: each iteration is ordered "
+                                "in its group by when it is made (pass group= alone)")
+    if isinstance(normalized.get("group"), Mapping) and "maxSize" in normalized["group"]:
+        raise InvalidJobOptions(f"a job scheduler's template cannot set group={normalized['group']!r} with a "
+                                "max_size: a full group would refuse an iteration, which ends the schedule")
     refused = sorted(_PY_NAME.get(k, k) for k in _NOT_IN_TEMPLATE & set(normalized))
     if refused:
         raise InvalidJobOptions(f"a job scheduler's template cannot set {', '.join(refused)}: "
@@ -294,6 +303,8 @@ class JobSchedulerMixin:
         if repeat_opts.get("immediately") and repeat_opts.get("every") is not None:
             logger.warning("Using option immediately with every does not affect the job's schedule. "
                            "Job will run immediately anyway.")
+        if opts.get("group") is not None:
+            await _check_scheduler_groups(self, opts["group"])
         await self.wait_until_ready()
         return await _upsert(self, job_scheduler_id, repeat_opts, name, data, data_json, opts,
                              override=True, producer_id=None)
@@ -329,6 +340,19 @@ class JobSchedulerMixin:
         """Remove the scheduler and its next (delayed) job; True when there was one."""
         await self.wait_until_ready()
         return bool(await self.backend.remove_job_scheduler(job_scheduler_id))
+
+
+async def _check_scheduler_groups(queue: Any, group: Mapping[str, Any]) -> None:
+    """A template with group=: each iteration joins its group (on PostgreSQL our trigger gates what
+    upstream's SQL inserts; on Redis our scheduler scripts gate what upstream's make, and keepers
+    what a Node worker's updateJobScheduler makes). Refused where the backend has no gate."""
+    from bullmq_compat._groups import group_support
+
+    group_support(queue.backend)
+    ensure = getattr(queue.backend, "ensure_groups", None)
+    if ensure is not None:
+        await queue.wait_until_ready()
+        await ensure()
 
 
 async def _upsert(queue: "QueueBase", scheduler_id: str, repeat: dict[str, Any], name: str, data: Any,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import importlib
 import inspect
 import logging
@@ -25,7 +26,7 @@ from typing import Any, Awaitable, Callable, Mapping, Optional, Union
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from bullmq_compat import _telemetry as telemetry_attrs
-from bullmq_compat._backends.base import NextJob, WorkerChannel, WorkerSettings
+from bullmq_compat._backends.base import JobTransaction, NextJob, WorkerChannel, WorkerSettings
 from bullmq_compat._backoff import BackoffStrategy
 from bullmq_compat._batch import BatchRunner, batch_options
 from bullmq_compat._cancellation import AbortController, AbortSignal
@@ -39,6 +40,7 @@ from bullmq_compat._errors import (
     ScriptError,
     UnrecoverableError,
     WaitingChildrenError,
+    is_out_of_memory,
 )
 from bullmq_compat._job import Job
 from bullmq_compat._lock_manager import LockManager
@@ -50,6 +52,8 @@ from bullmq_compat._wire.options import normalize_job_options
 from bullmq_compat._worker_locks import LockKeepingMixin
 
 logger = logging.getLogger("bullmq_compat.worker")
+#: seconds between two reports (log line, 'error' event) of Redis refusing writes for lack of memory
+OOM_REPORT_EVERY = 60.0
 
 Processor = Union[Callable[..., Any], str]
 
@@ -128,7 +132,8 @@ class Worker(LockKeepingMixin, QueueBase):
                  fast_path: bool = True, group_keeper: Union[bool, str] = True, group_sweep_interval: float = 1.0,
                  telemetry: Any = None, autorun: bool = False, maximum_rate_limit_delay: int = 30000,
                  metrics_port: Optional[int] = None, batch: Optional[Mapping[str, Any]] = None,
-                 max_bytes: Optional[int] = None, group_affinity: Optional[bool] = None) -> None:
+                 max_bytes: Optional[int] = None, group_affinity: Optional[bool] = None,
+                 transactional: bool = False, group: Optional[Mapping[str, Any]] = None) -> None:
         """A worker of queue ``queue_name``; it takes jobs once ``await worker.run()`` (or
         ``autorun=True``) starts it. Node's WorkerOptions under Python names (docs/worker.md has
         the table); durations are in **milliseconds** unless marked seconds.
@@ -173,6 +178,15 @@ class Worker(LockKeepingMixin, QueueBase):
         batch: ``{"size": n, "min_size": m, "timeout": ms, "max_bytes": b, "group_affinity": bool}``:
             the processor takes up to n jobs at a time (docs/worker.md, "Batches").
         max_bytes, group_affinity: the same as the keys of ``batch`` of these names.
+        transactional: PostgreSQL only. The processor gets ``job.transaction``, a psycopg
+            ``AsyncConnection`` in an open transaction; what it writes there commits in the same
+            transaction as the job's completion (upstream's lock-token check included), or not at
+            all: rolled back when the processor raises (the job then fails or retries as usual)
+            and when the job's lock was lost. docs/postgres.md, "Transactions".
+        group: BullMQ Pro's group options, as Pro spells them: ``{"limit": {"max": n, "duration": ms}}``
+            sets the queue's default group rate limit (`Queue.set_default_group_rate_limit`) and
+            ``{"concurrency": k}`` its default group concurrency, when the worker starts (both are
+            stored in the datastore: every worker, Python or Node, honours them). docs/groups.md.
 
         Bad values raise `InvalidArgument` naming the keyword and its rule, before anything connects.
         """
@@ -229,6 +243,7 @@ class Worker(LockKeepingMixin, QueueBase):
         self._keeper: Any = (
             make_keeper(sweep_interval=group_sweep_interval, follow_stream=group_keeper == "stream")
             if group_keeper and make_keeper is not None else None)
+        self.group_options = self._check_group_options(group)
         self.use_processes = use_processes
         # batch={"size": n, ...}: the processor takes up to n jobs at a time (_batch.py, docs/worker.md)
         self.batch = batch_options(batch, max_bytes, group_affinity)
@@ -236,6 +251,15 @@ class Worker(LockKeepingMixin, QueueBase):
             raise InvalidArgument("batch= is not supported with use_processes=True (a sandboxed processor takes "
                                   "one job): run the batch processor in the worker's process")
         self._batcher = BatchRunner(self, self.batch) if self.batch is not None else None
+        # transactional=True (PostgreSQL): the processor's writes on job.transaction commit with the completion
+        self.transactional = bool(transactional)
+        if self.transactional:
+            if not getattr(self.backend, "joins_transactions", False):
+                raise InvalidArgument(f"transactional=True needs a PostgreSQL queue: {self.backend.description} is on "
+                                      f"{self.backend.label}, where a processor's writes cannot join the completion")
+            if use_processes or self.batch is not None:
+                raise InvalidArgument("transactional=True is not supported with use_processes=True or batch= (the "
+                                      "transaction is one job's, in the worker's process)")
         if process_pool_size is not None:
             _positive_int("process_pool_size", process_pool_size)
         self._process_pool_size_option = process_pool_size  # None: as many children as concurrency
@@ -279,6 +303,7 @@ class Worker(LockKeepingMixin, QueueBase):
         self._connection_down = False
         self._had_connection = False  # a call went through once: later trouble is "lost", not "cannot reach"
         self._retry_pause = 0.1
+        self._oom_reported = -OOM_REPORT_EVERY  # time.monotonic() of the last OOM refusal reported
         self._thread_pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._child_pool: Any = None  # _sandbox.ChildPool, made on the first job with use_processes
         self._arity = processor_arity(self.processor) if self.processor is not None else 1
@@ -301,6 +326,53 @@ class Worker(LockKeepingMixin, QueueBase):
                 raise InvalidArgument("autorun=True needs a running event loop: create the Worker in async code, "
                                       "or pass autorun=False and await worker.run()") from None
             self._autorun_task = loop.create_task(self._autorun())
+
+    @staticmethod
+    def _check_group_options(group: Optional[Mapping[str, Any]]) -> dict[str, Any]:
+        from bullmq_compat._groups import check_concurrency, check_group_rate_limit_option
+
+        if group is None:
+            return {}
+        if not isinstance(group, Mapping) or not set(group) <= {"limit", "concurrency"}:
+            raise InvalidArgument(f"group={group!r} must be {{'limit': {{'max': n, 'duration': ms}}}} and/or "
+                                  "{'concurrency': k} (BullMQ Pro's worker group options)")
+        checked: dict[str, Any] = {}
+        if "limit" in group:
+            checked["limit"] = check_group_rate_limit_option(group["limit"], "group limit")
+        if "concurrency" in group:
+            try:
+                checked["concurrency"] = check_concurrency(group["concurrency"])
+            except InvalidArgument as err:
+                raise InvalidArgument(f"group {err}") from None
+        return checked
+
+    async def _apply_group_options(self) -> None:
+        """Store the ``group=`` options (the queue's group defaults) where every worker reads them."""
+        if not self.group_options:
+            return
+        gate = self.backend.groups()
+        await gate.ready()
+        if "limit" in self.group_options:
+            await gate.set_rate_limit(None, self.group_options["limit"])
+        if "concurrency" in self.group_options:
+            await gate.set_concurrency(None, self.group_options["concurrency"])
+
+    async def rate_limit_group(self, job: Job, ms: int) -> None:
+        """From a processor: the job's group starts no job for ``ms`` (BullMQ Pro's ``rateLimitGroup``),
+        other groups go on. The job leaves active and waits its turn again (in upstream's delayed set,
+        due in ``ms``, first of its group); the worker does not finish it, so the processor may
+        return or raise `RateLimitError` after this call, as Pro's asks."""
+        _positive_int("ms", ms)
+        if job.group_id is None:
+            raise InvalidArgument(f"job {job.id}: rate_limit_group needs a group job (this one has no group)")
+        if not job.token:
+            raise InvalidArgument(f"job {job.id}: rate_limit_group needs an active job of this worker (no lock token)")
+        await self.wait_until_ready()
+        await self.backend.groups().rate_limit_job(str(job.id), job.token, ms)
+        job._handed_back = True
+        tracked = self.lock_manager.tracked_jobs.get(str(job.id))
+        if tracked is not None and tracked[0] == job.token:  # its lock is gone: no renewal to try
+            self.lock_manager.untrack_job(str(job.id))
 
     @staticmethod
     def _check_limiter(limiter: Optional[Mapping[str, Any]]) -> Optional[dict[str, Any]]:
@@ -426,7 +498,13 @@ class Worker(LockKeepingMixin, QueueBase):
                 if self.closing:
                     await self._closed.wait()
                     return
+            except Exception:
+                if self.closing:  # close() tore the connection down mid-handshake: redis-py may raise
+                    await self._closed.wait()  # anything then (an AttributeError on its gone writer)
+                    return
+                raise
         self._connection_ok()
+        await self._apply_group_options()
         self._tasks = [asyncio.ensure_future(self._marker_waiter())]
         if not self.skip_lock_renewal:
             self.lock_manager.start()
@@ -623,7 +701,21 @@ class Worker(LockKeepingMixin, QueueBase):
         self.emit("active", job, "waiting")
         return job
 
+    def _out_of_memory(self, err: BaseException) -> float:
+        """Redis answers but refuses writes (its OOM reply: maxmemory, noeviction). Calls that do not
+        write first (completions) still go through meanwhile, so no success marks its end: it is
+        reported at most every OOM_REPORT_EVERY seconds, and each refused call is sent again after 1 s."""
+        now = time.monotonic()
+        if now - self._oom_reported >= OOM_REPORT_EVERY:
+            self._oom_reported = now
+            logger.warning("worker %s: %s refuses writes, out of memory (%s: maxmemory reached, with "
+                           "maxmemory-policy noeviction?); retrying every second", self.name, self.backend.label, err)
+            self.emit("error", err)
+        return min(1.0, self.run_retry_delay / 1000)
+
     def _connection_trouble(self, err: BaseException) -> float:
+        if is_out_of_memory(err):  # connected, but refused: not "lost"
+            return self._out_of_memory(err)
         if not self._connection_down:
             self._connection_down = True
             label = self.backend.label
@@ -796,7 +888,10 @@ class Worker(LockKeepingMixin, QueueBase):
         job_id = str(job.id)
         controller: Optional[AbortController] = self.lock_manager.track_job(
             job_id, token, _now_ms(), self._wants_signal)
+        tx: Optional[JobTransaction] = None
         try:
+            if self.transactional:
+                tx = await self._begin_transaction(job)
             if job.parse_error:
                 raise UnrecoverableError(f"job {job.id} cannot be processed: {job.parse_error}")
             if job.deferred_failure:  # e.g. "job stalled more than allowable limit", as Node
@@ -807,15 +902,20 @@ class Worker(LockKeepingMixin, QueueBase):
                 result = await self.processor(job)  # type: ignore[misc]
             else:
                 result = await self._invoke(job, token, controller.signal if controller is not None else None)
-        except asyncio.CancelledError:
-            self._active.pop(job_id, None)
-            raise
         except BaseException as err:
             self._active.pop(job_id, None)
+            if tx is not None:  # the processor's writes are rolled back; the job fails in a transaction of its own
+                await self._end_transaction(job, tx)
             if not isinstance(err, Exception):
                 raise
             return await self._handle_failed(job, err, token)
         self._active.pop(job_id, None)
+        if job._handed_back:  # rate_limit_group: the job went back to wait its turn
+            if tx is not None:
+                await self._end_transaction(job, tx)
+            return None
+        if tx is not None:
+            return await self._complete_in_transaction(job, result, token, tx)
         # completed: here rather than in a method of its own (a coroutine less per job)
         fetch_next = self._fetch_next()
         try:
@@ -825,6 +925,38 @@ class Worker(LockKeepingMixin, QueueBase):
         except ScriptError as err:
             self.emit("error", err)
             return None
+        self.emit("completed", job, result, "active")
+        if self._prometheus is not None:
+            self._prometheus.completed(job)
+        return self._job_from_reply(reply, token) if fetch_next else None
+
+    async def _begin_transaction(self, job: Job) -> JobTransaction:
+        channel = self._channel if self._channel is not None else await self._ensure_channel()
+        tx = await channel.begin_transaction()
+        job.transaction = tx.connection
+        return tx
+
+    async def _end_transaction(self, job: Job, tx: JobTransaction) -> None:
+        job.transaction = None
+        with contextlib.suppress(Exception):  # a broken session is discarded by the pool
+            await tx.close()
+
+    async def _complete_in_transaction(self, job: Job, result: Any, token: str, tx: JobTransaction) -> Optional[Job]:
+        """Complete ``job`` in its processor's transaction: both commit, or neither. A refusal (its lock
+        was lost: the job runs elsewhere) rolls the processor's writes back and is reported as an
+        'error'; a transaction that cannot commit (the processor left it failed, the connection broke)
+        fails the attempt as a processor error would."""
+        fetch_next = self._fetch_next()
+        try:
+            reply = await job.move_to_completed(result, token, fetch_next, transaction=tx)
+        except ScriptError as err:
+            await self._end_transaction(job, tx)
+            self.emit("error", err)
+            return None
+        except Exception as err:
+            await self._end_transaction(job, tx)
+            return await self._handle_failed(job, err, token)
+        await self._end_transaction(job, tx)
         self.emit("completed", job, result, "active")
         if self._prometheus is not None:
             self._prometheus.completed(job)
@@ -852,6 +984,8 @@ class Worker(LockKeepingMixin, QueueBase):
     async def _handle_failed(self, job: Job, err: Exception, token: str, *,
                              fetch_next: Optional[bool] = None) -> Optional[Job]:
         try:
+            if job._handed_back:  # rate_limit_group moved it already (whatever the processor raised after)
+                return None
             if isinstance(err, RateLimitError) or str(err) == RATE_LIMIT_MESSAGE:
                 ttl = await job.move_to_wait(token)
                 if ttl > 0:

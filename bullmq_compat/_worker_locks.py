@@ -30,7 +30,7 @@ class LockKeepingMixin:
         return await channel.extend_locks(job_ids, tokens, duration)
 
     def _lock_renewal_error(self, err: BaseException) -> None:
-        if isinstance(err, self.backend.transient_errors):
+        if self.backend.is_transient(err):  # connection trouble, or a server refusing writes (OOM)
             self._connection_trouble(err)  # logged and emitted once per outage
         else:
             self.emit("error", err)
@@ -41,8 +41,9 @@ class LockKeepingMixin:
                 stalled = await self._channel.move_stalled_jobs_to_wait(int(time.time() * 1000))  # type: ignore[union-attr]
                 for job_id in stalled:
                     self.emit("stalled", job_id, "active")
-            except self.backend.transient_errors as err:
-                self._connection_trouble(err)
             except Exception as err:
-                self.emit("error", err)
+                if self.backend.is_transient(err):
+                    self._connection_trouble(err)
+                else:
+                    self.emit("error", err)
             await self._sleep(self.stalled_interval / 1000)

@@ -20,8 +20,9 @@ import threading
 from typing import Any, Callable, Optional
 
 from bullmq_compat._errors import BullMQCompatError
+from bullmq_compat._transactions import driver_connection_sync
 
-__all__ = ["Queue", "Job", "QueueEvents", "FlowProducer", "run", "loop"]
+__all__ = ["Queue", "Job", "QueueEvents", "FlowProducer", "Relay", "RelaySubscription", "run", "loop"]
 
 _lock = threading.Lock()
 _loop: Optional[asyncio.AbstractEventLoop] = None
@@ -87,6 +88,8 @@ class _Proxy:
             def blocking(*args: Any, **kwargs: Any) -> Any:
                 args = tuple(_unwrap(a) for a in args)
                 kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
+                if kwargs.get("transaction") is not None:  # Django's connection is this thread's: here
+                    kwargs["transaction"] = driver_connection_sync(kwargs["transaction"])
                 return _wrap(run(attr(*args, **kwargs)))
             return blocking
         return attr
@@ -183,6 +186,65 @@ class FlowProducer(_Proxy):
         if cls is None:
             raise BullMQCompatError("FlowProducer is not available in this version")
         self._async = _build(cls, connection, **kwargs)
+
+
+class Relay(_Proxy):
+    """`bullmq_compat.Relay` with blocking methods: ``publish``, ``subscribe``, ``delete_retained``, the
+    getters and ``close``.
+
+    ``subscribe(pattern, callback)`` calls ``callback(message)`` on a thread of this relay's own
+    (``bullmq-compat-relay``), one message at a time and in order, never on the caller's thread or
+    the event loop's: the loop keeps the lease alive meanwhile, and a slow callback makes the inbox
+    lag as a slow listener does. An exception in it goes to the relay's 'error' event. Event
+    listeners (``relay.on("error", cb)``) run on the background loop's thread."""
+
+    def __init__(self, connection: Any = None, **kwargs: Any) -> None:
+        """The same arguments as `bullmq_compat.Relay`; it connects and registers before returning."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from bullmq_compat._relay import Relay as AsyncRelay
+
+        object.__setattr__(self, "_callbacks", ThreadPoolExecutor(1, thread_name_prefix="bullmq-compat-relay"))
+        self._async = _build(AsyncRelay, connection, **kwargs)
+        try:
+            run(self._async.wait_until_ready())
+        except BaseException:
+            run(self._aclose())
+            self._callbacks.shutdown(wait=False)
+            raise
+
+    def subscribe(self, pattern: str, callback: Callable[[Any], Any]) -> "RelaySubscription":
+        """Subscribe ``callback`` (called on the relay's callback thread) to ``pattern``."""
+        executor = self._callbacks
+        if not callable(callback):
+            from bullmq_compat._errors import InvalidArgument
+
+            raise InvalidArgument(f"Relay callback must be callable, not {type(callback).__name__}")
+
+        async def listener(message: Any) -> None:
+            await asyncio.get_running_loop().run_in_executor(executor, callback, message)
+
+        return RelaySubscription(run(self._async.subscribe(pattern, listener)))
+
+    def close(self) -> None:
+        """Unregister and close (idempotent); waits for the callback running, if any."""
+        run(self._aclose())
+        on_callback_thread = threading.current_thread().name.startswith("bullmq-compat-relay")
+        self._callbacks.shutdown(wait=not on_callback_thread)
+
+    async def _aclose(self) -> None:
+        await self._async.close()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class RelaySubscription(_Proxy):
+    """A sync `Relay.subscribe`'s subscription: ``pattern``, ``added``, ``retained``, ``unsubscribe()``."""
+
+    def __init__(self, subscription: Any) -> None:
+        """Not for user code: it comes from `Relay.subscribe`."""
+        self._async = subscription
 
 
 @atexit.register

@@ -142,7 +142,8 @@ async def test_add_bulk_with_one_bad_flow_writes_nothing(flows: FlowProducer, qu
     ({"name": "x", "queue_name": "q", "colour": 1}, ["unknown keys", "colour"]),
     ({"name": "x", "queue_name": "a:b"}, ["cannot contain ':'"]),
     ({"name": "x", "queue_name": "q", "children": {"name": "c"}}, ["must be a list"]),
-    ({"name": "x", "queue_name": "q", "opts": {"group": "g"}}, ["group jobs cannot be part of a flow"]),
+    ({"name": "x", "queue_name": "q", "opts": {"group": "g"}, "children": [{"name": "c", "queue_name": "q"}]},
+     ["flow[0]", "option 'group'", "cannot be a flow parent"]),
     ({"name": "x", "queue_name": "q", "opts": {"deduplication": {"id": "d"}}, "children": [{"name": "c", "queue_name": "q"}]},
      ["deduplication cannot be used on flow nodes with children"]),
     ({"name": "x", "queue_name": "q", "children": [

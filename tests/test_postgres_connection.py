@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
 import psycopg_pool
 import pytest
 
@@ -102,6 +103,28 @@ async def test_a_pool_passed_in_is_used_and_left_open(postgres_url: str, pg_migr
         async with pool.connection() as c:
             await c.execute("SELECT 1")
     finally:
+        await pool.close()
+
+
+async def test_adds_through_a_users_pool_without_autocommit_are_committed(postgres_url: str, pg_migrated: str,
+                                                                          queue_name: str) -> None:
+    """A pool configured as docs/postgres.md shows it (options only: psycopg's default autocommit
+    off): each command is committed, not rolled back when the session goes back to the pool."""
+    from bullmq_compat import Queue
+
+    pool = psycopg_pool.AsyncConnectionPool(postgres_url, min_size=1, max_size=2, open=False,
+                                            kwargs={"options": f'-c search_path="{pg_migrated}"'})
+    await pool.open()
+    queue = Queue(queue_name, connection=pool, schema=pg_migrated)
+    try:
+        job = await queue.add("kept", {"n": 1})
+        await queue.add_bulk([{"name": "kept", "data": {"n": 2}}])
+        async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as other:
+            cur = await other.execute(f'SELECT count(*) FROM "{pg_migrated}".job WHERE queue = %s', [queue_name])
+            assert (await cur.fetchone())[0] == 2
+        assert (await queue.get_job(str(job.id))) is not None
+    finally:
+        await queue.close()
         await pool.close()
 
 

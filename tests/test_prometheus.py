@@ -152,7 +152,9 @@ async def test_all_queues_are_found_again_at_each_scrape(redis_url: str, queue_n
     first, later = f"{queue_name}-a", f"{queue_name}-b"
     queue_a, queue_b = Queue(first, redis_url), Queue(later, redis_url)
     await queue_a.add("x", {})
-    reader, registry = collector_for(None, redis_url)
+    # each scrape finds and reads every queue in the session's Redis (all the tests' queues so far):
+    # a bound for a loaded machine, not the exporter's 5 s, which such a scrape once outlasted
+    reader, registry = collector_for(None, redis_url, timeout=120)
     try:
         page = await scrape(registry)
         assert value(page, "bullmq_job_count", queue=first, state="waiting") == 1

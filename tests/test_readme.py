@@ -40,7 +40,7 @@ POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
 POSTGRES_SCHEMA = 'schema="bullmq"'
 
 SECTIONS = ["Install", "Quick start", "The same queue from Node", "PostgreSQL", "Features", "Performance",
-            "Documentation", "Contributing", "Versioning", "Licence"]
+            "Reliability", "Documentation", "Contributing", "Versioning", "Licence"]
 RUNNABLE = {"python": "python", "bash": "bash", "js": "node", "javascript": "node"}
 SUFFIX = {"python": "py", "node": "js", "bash": "sh"}
 NOT_RUN = re.compile(r"^<!-- not run: \S.* -->$")

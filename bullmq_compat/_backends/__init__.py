@@ -36,3 +36,20 @@ def open_backend(name: str, connection: Any, *, prefix: str = "bull", schema: Op
     from bullmq_compat._backends.redis.backend import RedisBackend
 
     return RedisBackend(name, connection, prefix=prefix)
+
+
+def open_relay_backend(connection: Any, *, namespace: str, node_id: str, prefix: str = "bull",
+                       schema: str = "bullmq", inbox_max_length: int = 10000,
+                       skip_version_check: bool = False) -> Any:
+    """The `base.RelayBackend` of a relay node on ``connection``: PostgreSQL for a ``postgresql://``
+    URL (or a pool of its driver's), else Redis (a ``redis://``/``rediss://`` URL or a redis client).
+    ``prefix`` and ``skip_version_check`` are Redis's, ``schema`` PostgreSQL's."""
+    if is_postgres(connection):
+        from bullmq_compat._backends.postgres.relay import PostgresRelayBackend
+
+        return PostgresRelayBackend(connection, namespace=namespace, node_id=node_id, schema=schema,
+                                    inbox_max_length=inbox_max_length)
+    from bullmq_compat._backends.redis.relay import RedisRelayBackend
+
+    return RedisRelayBackend(connection, namespace=namespace, node_id=node_id, prefix=prefix,
+                             inbox_max_length=inbox_max_length, skip_version_check=skip_version_check)

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from bullmq_compat._errors import InvalidArgument
 
 JobFields = dict[str, str]
 NextJob = tuple[Optional[JobFields], Optional[str], int, int]
@@ -74,8 +76,36 @@ class WorkerSettings:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+class JobTransaction(abc.ABC):
+    """A transaction opened for one job's processor (``Worker(transactional=True)``): what the
+    processor writes on `connection` commits with the job's completion, or not at all."""
+
+    #: the driver connection, in the open transaction (a psycopg ``AsyncConnection`` on PostgreSQL)
+    connection: Any
+
+    @abc.abstractmethod
+    async def complete(self, job_id: str, job_opts: Mapping[str, Any], value: str, token: str, now: int,
+                       fetch_next: bool = False) -> Optional[NextJob]:
+        """Complete the active job in this transaction (the lock ``token`` checked as upstream
+        checks it), claim the next one when ``fetch_next`` (its `NextJob` returned) and commit; on a
+        refusal (a lost lock) roll back and raise it."""
+
+    @abc.abstractmethod
+    async def rollback(self) -> None:
+        """Roll back what the processor wrote (the job is then failed or retried on its own)."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Give the connection back (rolling back what was not committed)."""
+
+
 class WorkerChannel(abc.ABC):
     """One worker's hot path: claim, finish-and-fetch, locks, stalls, and the wait for work."""
+
+    async def begin_transaction(self) -> JobTransaction:
+        """A transaction for one job's processor (backends with ``joins_transactions``)."""
+        raise InvalidArgument("transactional=True needs a PostgreSQL queue: a processor's writes can join only "
+                              "a database transaction")
 
     @abc.abstractmethod
     async def move_to_active(self, token: str, now: int) -> NextJob:
@@ -218,6 +248,25 @@ class GroupGate(abc.ABC):
         """Pause (hold every not-yet-released job of) or resume a group."""
 
     @abc.abstractmethod
+    async def set_rate_limit(self, gid: Optional[str], limit: Optional[tuple[int, int]]) -> None:
+        """The group's rate limit ``(max, duration_ms)`` (None: the queue's default for groups without
+        their own); ``limit`` None removes the setting."""
+
+    @abc.abstractmethod
+    async def get_rate_limit(self, gid: Optional[str]) -> Optional[tuple[int, int]]:
+        """The rate limit in force for the group (its own, else the queue's), or the queue's; None: none."""
+
+    @abc.abstractmethod
+    async def rate_limit_ttl(self, gid: str) -> int:
+        """Ms before the group may start another job by its rate limits (manual or not); 0: now."""
+
+    @abc.abstractmethod
+    async def rate_limit_job(self, job_id: str, token: str, ms: int) -> int:
+        """The manual group rate limit: the active job ``job_id`` (lock ``token``) leaves active and
+        waits its turn; its group starts no job for ``ms``. Returns ``ms``; raises as upstream's
+        moveJobFromActiveToWait (lock lost, not active) or for a job that is not a group job."""
+
+    @abc.abstractmethod
     async def get_concurrency(self, gid: str) -> int: ...
 
     @abc.abstractmethod
@@ -235,8 +284,29 @@ class GroupGate(abc.ABC):
         """The ids of the group's held jobs, in the order they will run (``end`` -1: to the last)."""
 
     @abc.abstractmethod
+    async def counts_per_priority(self, gid: str, priorities: Sequence[int]) -> list[int]:
+        """How many of the group's held jobs have each group priority of ``priorities`` (0: none), in order."""
+
+    @abc.abstractmethod
+    async def change_held_priority(self, job_id: str, priority: int, lifo: bool) -> bool:
+        """Give the held group job ``job_id`` group priority ``priority``, moving it within its group
+        (after the held jobs of that priority added before it, before those added after it); False,
+        changing nothing, when it is not a held group job. Raises `InvalidArgument` for ``lifo`` or
+        for a priority >= 1 on a job with an order_ms."""
+
+    @abc.abstractmethod
+    async def held_total(self, batch: int) -> int:
+        """How many jobs wait for their turn, over every group (groups read ``batch`` at a time)."""
+
+    @abc.abstractmethod
+    async def active_count(self, gid: str) -> int:
+        """How many of the group's jobs are active (started by a worker, not finished)."""
+
+    @abc.abstractmethod
     async def list(self) -> list[dict[str, Any]]:
-        """Every group with jobs (or paused): ``{"id", "waiting", "running", "paused", "concurrency"}``, by id."""
+        """Every group with jobs (or paused): ``{"id", "waiting", "running", "paused", "concurrency"}``,
+        by id; one with a rate limit in force also ``"rate_limit"`` (``{"max", "duration"}``, None for
+        a manual limit alone) and ``"rate_limit_ttl"`` (ms)."""
 
     @abc.abstractmethod
     async def delete_held(self, gid: str) -> int:
@@ -252,6 +322,9 @@ class QueueBackend(abc.ABC):
 
     #: "redis" or "postgres": named in `NotSupportedOnBackend` and in docs
     kind: str = ""
+    #: whether adds can join the caller's transaction (`in_transaction`) and a worker's completion its
+    #: processor's (`WorkerChannel.begin_transaction`): a database backend
+    joins_transactions: bool = False
     #: the datastore's name in messages ("Redis", "PostgreSQL")
     label: str = ""
     #: exception classes that mean the datastore could not be reached (retried with back-off)
@@ -293,17 +366,21 @@ class QueueBackend(abc.ABC):
     def for_queue(self, name: str, prefix: Optional[str] = None) -> "QueueBackend":
         """A backend for another queue on the same connection (flows across queues)."""
 
+    @abc.abstractmethod
     def split_job_key(self, key: str) -> tuple[Optional[str], str, str]:
-        """A job key as `get_dependencies` lists them → (prefix, queue, id). Redis's
-        ``<prefix>:<queue>:<id>``: the prefix may hold colons, a queue name holds none."""
-        last = key.rfind(":")
-        previous = key.rfind(":", 0, last) if last > 0 else -1
-        if last == -1 or previous == -1:
-            parts = (key.split(":") + ["", "", ""])[:3]
-            return parts[0], parts[1], parts[2]
-        return key[:previous], key[previous + 1:last], key[last + 1:]
+        """A job key as `get_dependencies` lists them → (prefix, or None for this backend's own,
+        queue name, job id)."""
 
     # -- adding ------------------------------------------------------------------------------
+    def in_transaction(self, connection: Any) -> "QueueBackend":
+        """This queue's backend writing on the caller's own database ``connection``, inside the
+        caller's open transaction (``add(..., transaction=conn)``): its adds commit or roll back
+        with the caller's work. Only a database backend can join a caller's transaction; the
+        default refuses."""
+        raise InvalidArgument(
+            f"transaction= is for PostgreSQL queues: {self.description} is on {self.label}, whose writes "
+            f"cannot join a database transaction (got transaction={type(connection).__name__})")
+
     @abc.abstractmethod
     async def add_jobs(self, jobs: Sequence[NewJob]) -> list[Any]:
         """Add each job (one round trip where possible); per item its id, or the exception that
@@ -554,3 +631,132 @@ def metrics_total(meta: Sequence[Any]) -> int:
         return int(float(value.decode() if isinstance(value, bytes) else value or 0))
     except (TypeError, ValueError):
         return 0
+
+
+# -- Relay (BullMQ 6.7's fleet pub/sub) --------------------------------------------------------------
+@dataclass
+class RelayEntry:
+    """One entry of a node's inbox, as upstream's readInbox decodes it: ``kind`` "msg" (other kinds,
+    added by newer versions, are skipped), the ``topic``, the message id ``mid`` (a decimal string),
+    the publisher's ``ts`` (ms), ``data`` (the JSON text as published) and the node's ``endpoints``
+    (endpoint ids) the message is for."""
+
+    kind: str
+    topic: str
+    mid: str
+    ts: int
+    data: str
+    endpoints: list[str]
+
+
+@dataclass
+class RelayBatch:
+    """What `RelayBackend.read_inbox` read: its entries and the cursor after them."""
+
+    entries: list[RelayEntry]
+    cursor: Any
+
+
+class RelayBackend(abc.ABC):
+    """One relay node's datastore side, in Node's words (``IRelayBackend``): every operation is one
+    of upstream's ``relay*`` Lua scripts (Redis) or ``relay_*`` SQL functions (PostgreSQL), passed
+    its arguments, its answer decoded. `bullmq_compat.Relay` runs the timers, reads the inbox and
+    calls listeners. Refusals of the datastore (topic grammar, sizes, a layout mismatch) raise
+    `RelayError` with upstream's code."""
+
+    #: "redis" or "postgres"
+    kind: str = ""
+    #: the datastore's name in messages ("Redis", "PostgreSQL")
+    label: str = ""
+    #: the cursor a new node reads its inbox from (Redis: "0-0"; PostgreSQL: its own)
+    initial_inbox_cursor: Any = None
+    #: exception classes that mean the datastore could not be reached (retried with back-off)
+    transient_errors: tuple[type[BaseException], ...] = ()
+    #: set by `bullmq_compat.Relay`: where a backend reports errors of its background work (Node's
+    #: backend 'error' events, e.g. a namespace registry touch that failed three times)
+    on_error: Optional[Callable[[BaseException], None]] = None
+
+    @abc.abstractmethod
+    async def wait_until_ready(self) -> None:
+        """Connect and check the datastore can host a relay (Redis >= 6.2; PostgreSQL: migrated)."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Close what this backend opened (interrupting a blocked `read_inbox`)."""
+
+    @abc.abstractmethod
+    def interrupt_inbox(self) -> None:
+        """Make a blocked or later `read_inbox` return at once with no entries (closing)."""
+
+    @abc.abstractmethod
+    async def register_node(self, node_id: str, lease_ms: int, info: Mapping[str, Any],
+                            inbox_max_length: int) -> None:
+        """Register (or re-register) the node with a lease of ``lease_ms``; ``info`` is Node's
+        ``{"name", "host", "pid", "version"}``."""
+
+    @abc.abstractmethod
+    async def heartbeat(self, node_id: str, lease_ms: int) -> bool:
+        """Renew the lease; False when the node's lease had expired (or it was swept): recover."""
+
+    @abc.abstractmethod
+    async def unregister_node(self, node_id: str) -> bool:
+        """Remove the node and its subscriptions; whether it was registered."""
+
+    @abc.abstractmethod
+    async def sweep(self, limit: int) -> list[str]:
+        """Remove up to ``limit`` nodes whose lease expired; their ids."""
+
+    @abc.abstractmethod
+    async def subscribe(self, node_id: str, endpoint_id: str, pattern: str) -> tuple[bool, Optional[dict[str, Any]]]:
+        """Subscribe endpoint ``endpoint_id`` of the node to ``pattern``: (added, the exact topic's
+        retained message ``{"mid", "ts", "data"}`` or None)."""
+
+    @abc.abstractmethod
+    async def remove_endpoint(self, node_id: str, endpoint_id: str) -> Any:
+        """Unsubscribe one endpoint."""
+
+    @abc.abstractmethod
+    async def publish(self, topic: str, data: str, *, ts: int, retain_ms: int, max_size: int) -> dict[str, Any]:
+        """Publish ``data`` (JSON text) on ``topic``: ``{"mid": str, "nodes": int, "endpoints": int}``."""
+
+    @abc.abstractmethod
+    async def delete_retained(self, topic: str) -> bool:
+        """Delete the topic's retained message; whether there was one."""
+
+    @abc.abstractmethod
+    async def read_inbox(self, node_id: str, cursor: Any, *, block_ms: int, count: int) -> RelayBatch:
+        """The node's next entries after ``cursor`` (up to ``count``), waiting up to ``block_ms`` for one."""
+
+    @abc.abstractmethod
+    async def trim_inbox(self, node_id: str, cursor: Any, max_length: int) -> int:
+        """Drop consumed entries (up to ``cursor``), cap the inbox at ``max_length``; the unread backlog."""
+
+    @abc.abstractmethod
+    async def get_counts(self) -> dict[str, int]:
+        """``{"nodes", "subscriptions", "patterns", "retained"}`` of the namespace."""
+
+    @abc.abstractmethod
+    async def get_nodes(self, start: int, end: int) -> list[dict[str, Any]]:
+        """Nodes in registration order: ``{"id", "info", "registered_at", "lease_until",
+        "last_heartbeat", "backlog", "dropped", "subscriptions"}``."""
+
+    @abc.abstractmethod
+    async def get_subscriptions(self, node_id: Optional[str], pattern: Optional[str], start: int,
+                                end: int) -> list[dict[str, str]]:
+        """``{"node_id", "endpoint_id", "pattern"}``, of one node or one pattern, or all."""
+
+    @abc.abstractmethod
+    async def get_patterns(self, start: int, end: int) -> list[dict[str, Any]]:
+        """``{"pattern", "subscriptions"}`` by pattern."""
+
+    @abc.abstractmethod
+    async def get_retained(self, start: int, end: int) -> list[dict[str, Any]]:
+        """Retained messages by expiry: ``{"topic", "expires_at", "mid", "ts", "data"}`` (data as JSON text)."""
+
+    @abc.abstractmethod
+    async def get_node_connections(self, node_id: str) -> list[dict[str, Any]]:
+        """The node's inbox connection(s) as the datastore lists them (address, age, idle)."""
+
+    @abc.abstractmethod
+    async def get_namespaces(self) -> list[str]:
+        """Namespaces in use on this datastore (Redis: under this prefix)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Mapping, Optional, Sequence
 
 from bullmq_compat._backends.base import (
     EventsReader,
@@ -42,6 +42,7 @@ from bullmq_compat._errors import (
     PostgresUnavailable,
     script_error,
 )
+from bullmq_compat._groups import group_max_size, group_priority
 
 #: Node's commandByType: the list-backed states whose ranges the getters reverse when ``asc``
 _LIST_STATES = frozenset({"active", "wait", "waiting"})
@@ -52,6 +53,39 @@ class FlowNode(NewJob):
     """A flow node for `PostgresBackend.add_flow`: the job and Node's parentKeyOpts."""
 
     link: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _AddPlan:
+    """An `add_jobs` call worked out before anything is sent: the results so far (a job refused at
+    the edge has its exception), the entries to send (with their index) and the statement."""
+
+    results: list[Any]
+    entries: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    command: Optional[str] = None
+    params: list[Any] = field(default_factory=list)
+    op: str = ""
+    job_id: Optional[str] = None
+    parent_key: Optional[str] = None
+    single: bool = False
+
+    def failed(self, err: BaseException) -> list[Any]:
+        """A statement that failed adds nothing: each of its jobs gets the error."""
+        for index, _ in self.entries:
+            self.results[index] = err
+        return self.results
+
+    def answered(self, found: Sequence[Mapping[str, Any]]) -> list[Any]:
+        if self.single:
+            self.results[self.entries[0][0]] = str(found[0]["id"])
+            return self.results
+        for (index, entry), row in zip(self.entries, found):
+            self.results[index] = adding.id_or_error(str(row["id"]), entry, "addBulk")
+        return self.results
+
+
+async def _first(pending: Awaitable[list[Any]]) -> Any:
+    return (await pending)[0]
 
 
 def open_postgres_backend(connection: Any, name: str, *, schema: str = migrator.DEFAULT_SCHEMA,
@@ -67,6 +101,7 @@ class PostgresBackend(JobSchedulerCalls, QueueBackend):
 
     kind = "postgres"
     label = "PostgreSQL"
+    joins_transactions = True
     transient_errors: tuple[type[BaseException], ...] = (PostgresUnavailable,)
 
     def __init__(self, connection: PostgresConnection, name: str, *, owns_connection: bool = True) -> None:
@@ -119,10 +154,36 @@ class PostgresBackend(JobSchedulerCalls, QueueBackend):
         return rows.text_param(job_id, what="job_id")
 
     # -- adding ------------------------------------------------------------------------------
-    async def _add_one(self, entry: dict[str, Any]) -> str:
-        result = await self._run("add_job", adding.add_job_params(entry), job_id=entry["id"] or None, op="addJob",
-                                 parent_key=entry["parentKey"])
-        return str(result.rows[0]["id"])
+    def in_transaction(self, connection: Any) -> "PostgresBackend":
+        """This queue's adds on the caller's psycopg connection, in its open transaction
+        (`transactions.CallerConnection`: upstream's same commands, the schema's search_path set
+        for each and the caller's put back)."""
+        from bullmq_compat._backends.postgres.transactions import CallerConnection
+
+        caller: Any = CallerConnection(self.connection, connection)
+        return PostgresBackend(caller, self.name, owns_connection=False)
+
+    def _add_lanes(self) -> Any:
+        """Our connection's add lanes; None on a caller's connection (`in_transaction`: its adds must
+        go on the caller's transaction) or a user's pool."""
+        conn = self.connection
+        return conn.add_lanes() if type(conn) is PostgresConnection else None
+
+    async def _run_add(self, command: str, params: Sequence[Any], *, job_id: Optional[str] = None, op: str = "",
+                       parent_key: Optional[str] = None) -> list[dict[str, Any]]:
+        """An adding command's rows: on the connection's add lanes (raw libpq, rows as text) when it
+        has them, else as `_run`; a BM001 refusal becomes its `ScriptError` either way."""
+        lanes = self._add_lanes()
+        if lanes is None:
+            return (await self._run(command, params, job_id=job_id, op=op, parent_key=parent_key)).rows
+        try:
+            return list(await lanes.run(command, params))
+        except self._psycopg_error as err:
+            raise self._refusal(err, job_id=job_id, op=op or command, parent_key=parent_key) from None
+
+    def _refusal(self, err: BaseException, *, job_id: Optional[str], op: str, parent_key: Optional[str]) -> BaseException:
+        mapped = sql.domain_error(err, job_id=job_id, command=op, parent_key=parent_key)
+        return mapped if mapped is not None else err
 
     # -- per-group FIFO (our gate: _backends/postgres/groups.py) ---------------------------------
     def groups(self) -> "PostgresGroups":
@@ -130,10 +191,14 @@ class PostgresBackend(JobSchedulerCalls, QueueBackend):
 
         return PostgresGroups(self)
 
-    async def ensure_groups(self) -> None:
-        """Check once per connection that our group objects are installed (`GroupsNotInstalled` if not)."""
+    #: the feature each version of our group objects brought (named when a schema's are older)
+    GROUP_FEATURES = {2: "a group's max_size", 3: "a group priority", 4: "a group rate limit"}
+
+    async def ensure_groups(self, min_version: int = 1) -> None:
+        """Check once per connection that our group objects are installed (`GroupsNotInstalled` if not;
+        ``min_version``: at least that version of them, read again while the known one is older)."""
         conn = self.connection
-        if getattr(conn, "groups_version", 0):
+        if getattr(conn, "groups_version", 0) >= min_version:
             return
         from bullmq_compat._backends.postgres.groups import groups_version
 
@@ -143,6 +208,8 @@ class PostgresBackend(JobSchedulerCalls, QueueBackend):
         if not version:
             raise GroupsNotInstalled(conn.schema)
         conn.groups_version = version
+        if version < min_version:
+            raise GroupsNotInstalled(conn.schema, self.GROUP_FEATURES.get(min_version, "this group feature"))
 
     async def add_jobs(self, jobs: Sequence[NewJob]) -> list[Any]:
         """One job: ``add_job`` (Node's addJob). Several: one statement for the whole batch, as
@@ -150,44 +217,81 @@ class PostgresBackend(JobSchedulerCalls, QueueBackend):
         ``add_flow``. A job refused at the edge (e.g. data holding U+0000) gets its exception
         and is not sent; a statement that fails adds nothing, so each of its jobs gets the error."""
         if any(job.opts.get("group") is not None for job in jobs):
-            await self.ensure_groups()  # without our triggers a group job would go straight to wait
-        results: list[Any] = [None] * len(jobs)
-        entries: list[tuple[int, dict[str, Any]]] = []
+            # without our triggers a group job would go straight to wait; max_size: version 2's trigger;
+            # a group priority: version 3's order
+            await self.ensure_groups(3 if any(group_priority(job.opts) for job in jobs)
+                                     else 2 if any(group_max_size(job.opts) for job in jobs) else 1)
+        plan = self._add_plan(jobs)
+        if plan.command is None:
+            return plan.results
+        try:
+            found = await self._run_add(plan.command, plan.params, job_id=plan.job_id, op=plan.op,
+                                        parent_key=plan.parent_key)
+        except BullMQCompatError as err:
+            return plan.failed(err)
+        return plan.answered(found)
+
+    def _add_plan(self, jobs: Sequence[NewJob]) -> "_AddPlan":
+        plan = _AddPlan([None] * len(jobs))
+        opts_json = None
         for index, job in enumerate(jobs):
             try:
-                entries.append((index, adding.batch_entry(job, self.name)))  # Node: always this queue
+                entry, opts_json = adding.entry_and_opts(job, self.name)  # Node: always this queue
+                plan.entries.append((index, entry))
             except InvalidArgument as err:
-                results[index] = err
-        if len(jobs) == 1 and entries:
-            try:
-                results[0] = await self._add_one(entries[0][1])
-            except BullMQCompatError as err:
-                results[0] = err
-            return results
-        if not entries:
-            return results
-        payload = [entry for _, entry in entries]
-        independent = all(e["parentId"] is None and e["parentQueue"] is None and e["dedupId"] is None
-                          for e in payload)
+                plan.results[index] = err
+        if not plan.entries:
+            return plan
+        if len(jobs) == 1:
+            entry = plan.entries[0][1]
+            plan.command, plan.params, plan.op = "add_job", adding.add_job_params(entry, opts_json), "addJob"
+            plan.job_id, plan.parent_key, plan.single = entry["id"] or None, entry["parentKey"], True
+            return plan
+        payload = [entry for _, entry in plan.entries]
+        if all(e["parentId"] is None and e["parentQueue"] is None and e["dedupId"] is None for e in payload):
+            plan.command, plan.params = "add_jobs_bulk", [self.name, rows.dump_out(payload)]
+        else:
+            plan.command, plan.params, plan.op = "add_flow", [rows.dump_out(payload)], "addBulk"
+        return plan
+
+    def submit_prepared(self, jobs: Sequence[NewJob]) -> Optional[Awaitable[list[Any]]]:
+        """`add_jobs` with its statement sent before this returns (on an idle add lane where it is
+        prepared), so Queue builds the Jobs while the server runs it; None (nothing sent) when that
+        cannot be: then Queue calls `add_jobs`."""
+        lanes = self._add_lanes()
+        if lanes is None or any(job.opts.get("group") is not None for job in jobs):
+            return None
+        plan = self._add_plan(jobs)
+        if plan.command is None:
+            return None
+        started = lanes.start(plan.command, plan.params)
+        if started is None:
+            return None
+        return self._add_answers(plan, started)
+
+    def submit_one(self, job: NewJob) -> Optional[Awaitable[Any]]:
+        """`submit_prepared` of one job: the awaitable of its result (its id, or its exception)."""
+        pending = self.submit_prepared([job])
+        return None if pending is None else _first(pending)
+
+    async def _add_answers(self, plan: "_AddPlan", started: Awaitable[list[Any]]) -> list[Any]:
         try:
-            if independent:
-                ids = (await self._run("add_jobs_bulk", [self.name, rows.dump_out(payload)])).rows
-            else:
-                ids = (await self._run("add_flow", [rows.dump_out(payload)], op="addBulk")).rows
+            found = await started
+        except self._psycopg_error as err:
+            refusal = self._refusal(err, job_id=plan.job_id, op=plan.op or str(plan.command), parent_key=plan.parent_key)
+            if not isinstance(refusal, BullMQCompatError):
+                raise refusal from None
+            return plan.failed(refusal)
         except BullMQCompatError as err:
-            for index, _ in entries:
-                results[index] = err
-            return results
-        for (index, entry), row in zip(entries, ids):
-            results[index] = adding.id_or_error(str(row["id"]), entry, "addBulk")
-        return results
+            return plan.failed(err)
+        return plan.answered(found)
 
     def prepare(self, job: NewJob) -> NewJob:
         """Check one add now (Queue.add_bulk prepares every job before sending any): what PostgreSQL
         cannot store (data holding U+0000) raises here, so a bulk with one bad job writes nothing,
-        as Node's addBulk, whose one statement jsonb refuses whole."""
-        adding.batch_entry(job, self.name)
-        return job
+        as Node's addBulk, whose one statement jsonb refuses whole. The job comes back with what
+        sending it needs (`adding.PreparedJob`): `add_jobs` does not check or encode it again."""
+        return adding.prepared(job, self.name)
 
     def prepare_flow_node(self, job: NewJob, *, parent_key: Optional[str], parent_link: Optional[dict[str, Any]],
                           has_children: bool) -> "FlowNode":
@@ -542,6 +646,8 @@ class PostgresBackend(JobSchedulerCalls, QueueBackend):
                 return
         await self.connection.execute("DELETE FROM bullmq_compat_group WHERE queue = $1", [self.name])
         await self.connection.execute("DELETE FROM bullmq_compat_group_queue WHERE queue = $1", [self.name])
+        if getattr(self.connection, "groups_version", 0) >= 4:  # (group rate limits' start log: version 4)
+            await self.connection.execute("DELETE FROM bullmq_compat_group_start WHERE queue = $1", [self.name])
 
     async def retry_jobs(self, state: str, count: int, timestamp: int) -> None:
         """Move finished jobs (finished by ``timestamp``) back to waiting, ``count`` per call until none."""

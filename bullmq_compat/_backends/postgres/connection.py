@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     import psycopg
     import psycopg_pool
 
+    from bullmq_compat._backends.postgres.lanes import Lanes
+
 #: idle seconds before the first TCP keepalive probe on a LISTEN session (Node: 10 s)
 LISTEN_KEEPALIVE_IDLE_S = 10
 POOL_MAX_SIZE = 10  # node-postgres' Pool default
@@ -142,6 +144,7 @@ class PostgresConnection:
         self._ready: Optional[asyncio.Task[int]] = None
         self._closed = False
         self._listeners: list[tuple["psycopg.AsyncConnection[Any]", bool]] = []
+        self._add_lanes: Optional["Lanes"] = None
         self.schema_version = 0
         #: our group objects' version in the schema, once checked (0: not yet known)
         self.groups_version = 0
@@ -233,28 +236,53 @@ class PostgresConnection:
         if self._pool is None:
             await self.connect()
         async with self._pooled() as conn:
-            return await sql.execute(conn, text, params)
+            result = await sql.execute(conn, text, params)
+            if not conn.autocommit:  # a user's pool without autocommit: the pool would roll it back
+                await conn.commit()
+            return result
 
     @contextlib.asynccontextmanager
     async def _pooled(self) -> AsyncIterator["psycopg.AsyncConnection[Any]"]:
-        """A pooled session the server has not already ended. After a server restart (or
-        pg_terminate_backend) every idle session in the pool is dead; node-postgres drops such idle
-        clients as their socket errors, psycopg's pool hands them out. So one that has anything
-        unread while idle (the server's FATAL, or EOF) is given back to be discarded, not used."""
-        pool = self.pool
-        for _ in range(self._max_size if self._owns_pool else POOL_MAX_SIZE):
-            conn = await pool.getconn()
-            if not _gone(conn):
-                break
-            with contextlib.suppress(Exception):
-                await conn.close()
-            await pool.putconn(conn)  # closed: the pool discards it and opens another
-        else:
-            conn = await pool.getconn()
+        """A pooled session the server has not already ended (`borrow`), given back after."""
+        conn = await self.borrow()
         try:
             yield conn
         finally:
-            await pool.putconn(conn)
+            await self.pool.putconn(conn)
+
+    async def borrow(self) -> "psycopg.AsyncConnection[Any]":
+        """A pooled session the server has not already ended; give it back with ``pool.putconn``.
+        After a server restart (or pg_terminate_backend) every idle session in the pool is dead;
+        node-postgres drops such idle clients as their socket errors, psycopg's pool hands them
+        out. So one that has anything unread while idle (the server's FATAL, or EOF) is given back
+        to be discarded, not used."""
+        pool = self.pool
+        conn: "psycopg.AsyncConnection[Any]"
+        for _ in range(self._max_size if self._owns_pool else POOL_MAX_SIZE):
+            conn = await pool.getconn()
+            if not _gone(conn):
+                return conn
+            await self.discard(conn)
+        conn = await pool.getconn()
+        return conn
+
+    async def discard(self, conn: "psycopg.AsyncConnection[Any]") -> None:
+        """Close a borrowed session and give it back: the pool drops it and opens another."""
+        with contextlib.suppress(Exception):
+            await conn.close()
+        await self.pool.putconn(conn)
+
+    def add_lanes(self) -> Optional["Lanes"]:
+        """The raw-libpq sessions of the adds (`lanes.Lanes`, up to the pool's size, opened as needed:
+        no pool checkout and no cursor per add), when we own the pool; None for a user's pool,
+        whose sessions a lane would hold for good (then the adds go through the pool)."""
+        if not self._owns_pool or self._closed:
+            return None
+        if self._add_lanes is None:
+            from bullmq_compat._backends.postgres.lanes import Lanes
+
+            self._add_lanes = Lanes(self, self._max_size, check_idle=True)
+        return self._add_lanes
 
     async def open_listen_session(self, application_name: Optional[str] = None
                                   ) -> "psycopg.AsyncConnection[Any]":
@@ -302,6 +330,8 @@ class PostgresConnection:
             self._ready.cancel()
             with contextlib.suppress(BaseException):
                 await self._ready
+        if self._add_lanes is not None:
+            await self._add_lanes.close()
         for conn, _own in list(self._listeners):
             await self.close_listen_session(conn)
         if self._owns_pool and self._pool is not None:

@@ -15,6 +15,11 @@ and one commit for all (each call is still one job's whole atomic step; a batch 
 again call by call). `Lanes` opens up to ``size`` lanes, only when all open ones are busy. A lane
 whose session is lost is dropped; the call in flight raises psycopg's `OperationalError`
 (transient for the worker), and the next call opens a fresh session.
+
+A Queue's adds use lanes too (`PostgresConnection.add_lanes`, with ``check_idle``: an idle lane's
+socket is looked at before a call is sent on it, so a session the server ended while idle is
+reopened rather than failing an add), and `Lanes.start` sends a call at once, without awaiting,
+when a lane is idle: the Queue builds its Job while the server runs the add.
 """
 from __future__ import annotations
 
@@ -33,6 +38,27 @@ if TYPE_CHECKING:
     from bullmq_compat._backends.postgres.connection import PostgresConnection
 
 TextRow = dict[str, Optional[str]]
+
+
+def field_names(result: "pq.abc.PGresult") -> list[str]:
+    """A result's column names."""
+    return [(result.fname(i) or b"").decode() for i in range(result.nfields)]
+
+
+def text_rows(result: "pq.abc.PGresult", names: Sequence[str]) -> list[TextRow]:
+    """A text-format result's rows as dicts of text (None for NULL), as every command's reply is read."""
+    found: list[TextRow] = []
+    get = result.get_value
+    if len(names) == 1:  # one column (an add's ids): no row of values to zip
+        name = names[0]
+        for row in range(result.ntuples):
+            value = get(row, 0)
+            found.append({name: None if value is None else value.decode()})
+        return found
+    for row in range(result.ntuples):
+        values = [get(row, col) for col in range(len(names))]
+        found.append(dict(zip(names, [None if v is None else v.decode() for v in values])))
+    return found
 
 
 def encode_param(value: Any) -> Optional[bytes]:
@@ -151,13 +177,8 @@ class Lane:
             return []
         names = self._names.get(name)
         if names is None or len(names) != result.nfields:
-            names = self._names[name] = [(result.fname(i) or b"").decode() for i in range(result.nfields)]
-        found: list[TextRow] = []
-        get = result.get_value
-        for row in range(result.ntuples):
-            values = [get(row, col) for col in range(len(names))]
-            found.append(dict(zip(names, [None if v is None else v.decode() for v in values])))
-        return found
+            names = self._names[name] = field_names(result)
+        return text_rows(result, names)
 
     async def run_batch(self, calls: Sequence[tuple[str, Sequence[Any]]]) -> Optional[list[list[TextRow]]]:
         """The ``calls`` in ONE transaction -- BEGIN, each statement, COMMIT, pipelined: one round trip,
@@ -196,6 +217,74 @@ class Lane:
         result = await self._roundtrip(self.pg.send_query_prepared, key, [encode_param(p) for p in params])
         return self._rows(name, result)
 
+    def prepared(self, name: str) -> bool:
+        return name in self._prepared
+
+    def start(self, name: str, params: Sequence[Any]) -> "asyncio.Future[list[pq.abc.PGresult]]":
+        """Send ``name`` (already prepared here) now, without awaiting anything: the future of its
+        results (what the server is sent before the caller's next line runs). A reply too large
+        for the socket buffer is flushed as the socket takes more."""
+        import psycopg
+
+        if self.broken:
+            raise psycopg.OperationalError("the PostgreSQL session was lost")
+        reply: asyncio.Future[list["pq.abc.PGresult"]] = self._loop.create_future()
+        self._reply = reply
+        try:
+            self.pg.send_query_prepared(name.encode(), [encode_param(p) for p in params])
+            self._flush_all()
+        except psycopg.Error as err:
+            self._lose(err)
+            raise
+        return reply
+
+    def _flush_all(self) -> None:
+        if self.pg.flush() == 1:
+            self._loop.add_writer(self._fd, self._flush_more)
+
+    def _flush_more(self) -> None:
+        import psycopg
+
+        try:
+            done = self.pg.flush() == 0
+        except psycopg.Error as err:
+            done = True
+            self._lose(err)
+        if done:
+            self._loop.remove_writer(self._fd)
+
+    def results(self, name: str, results: list["pq.abc.PGresult"]) -> list[TextRow]:
+        """The rows of a `start`'s results (psycopg's exception for an error)."""
+        import psycopg
+        from psycopg import errors, pq
+
+        for result in results:
+            if result.status == pq.ExecStatus.FATAL_ERROR:
+                raise errors.error_from_result(result, encoding="utf-8")
+        if not results:
+            raise psycopg.OperationalError("PostgreSQL sent no result")
+        return self._rows(name, results[-1])
+
+    def gone_while_idle(self) -> bool:
+        """Whether an idle session has something unread (the server's goodbye, EOF), one select():
+        read now, so that the lane is known broken before a call is sent on it."""
+        import select
+
+        if self.broken:
+            return True
+        try:
+            readable, _, _ = select.select([self._fd], [], [], 0)
+        except (OSError, ValueError):
+            self._lose(OSError("the PostgreSQL session's socket is gone"))
+            return True
+        if readable:
+            self._readable()
+            if not self.broken:  # a notice, say: the session itself is still there
+                from psycopg import pq
+
+                return self.pg.status != pq.ConnStatus.OK
+        return self.broken
+
     def detach(self) -> None:
         if not self.broken:
             self.broken = True
@@ -227,9 +316,12 @@ class Lanes:
     """
 
     def __init__(self, connection: "PostgresConnection", size: int, *,
-                 synchronous_commit: Optional[str] = None, max_batch: int = 8) -> None:
+                 synchronous_commit: Optional[str] = None, max_batch: int = 8, check_idle: bool = False) -> None:
         self.connection = connection
         self.size = max(1, size)
+        #: look at an idle lane's socket before using it (`Lane.gone_while_idle`): a session the server
+        #: ended while idle is opened again rather than failing the call (a Queue's adds)
+        self.check_idle = check_idle
         self.synchronous_commit = synchronous_commit
         self.max_batch = max(1, max_batch)
         self.batches = 0  # batched transactions committed (for tests and benchmarks)
@@ -246,7 +338,7 @@ class Lanes:
         """An idle lane, a newly opened one, or None when ``size`` are open and busy."""
         while self._idle:
             lane = self._idle.pop()  # the most recently used: its caches are warm
-            if not lane.broken:
+            if not (lane.gone_while_idle() if self.check_idle else lane.broken):
                 return lane
             await self._discard(lane)
         if self._open < self.size:
@@ -306,6 +398,33 @@ class Lanes:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def start(self, name: str, params: Sequence[Any]) -> Optional["asyncio.Future[list[TextRow]]"]:
+        """``name`` sent now on an idle lane where it is prepared, and the future of its rows (its
+        exception as `run` raises it); None -- nothing sent -- when no such lane is idle or calls
+        are queued (then `run`). Lets the caller work while the server runs the statement."""
+        if self._closed or self._queue or not self._idle:
+            return None
+        lane = self._idle[-1]
+        if not lane.prepared(name) or (lane.gone_while_idle() if self.check_idle else lane.broken):
+            return None
+        self._idle.pop()
+        try:
+            sent = lane.start(name, params)
+        except BaseException:
+            asyncio.ensure_future(self._release(lane))
+            raise
+        return asyncio.ensure_future(self._started(lane, name, sent))
+
+    async def _started(self, lane: Lane, name: str, sent: "asyncio.Future[list[pq.abc.PGresult]]") -> list[TextRow]:
+        try:
+            return lane.results(name, await sent)
+        except BaseException:
+            if lane.broken or lane._reply is not None:
+                lane.detach()
+            raise
+        finally:
+            await self._release(lane)
 
     async def run_many(self, calls: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
         """Several calls (a worker's batch of claims or finishes) in ONE transaction on one lane, in

@@ -26,7 +26,7 @@ _out = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 def has_nul(text: str) -> bool:
     """Whether JSON (or plain) text holds U+0000, literally or as a ``\\u0000`` escape."""
-    return "\x00" in text or _JSON_NUL.search(text) is not None
+    return "\x00" in text or ("\\u0000" in text and _JSON_NUL.search(text) is not None)
 
 
 def json_param(value: Any, *, what: str = "data") -> str:

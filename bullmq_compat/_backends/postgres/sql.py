@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from bullmq_compat._errors import ScriptError, script_error
+from bullmq_compat._errors import BullMQCompatError, GroupMaxSizeExceeded, script_error
 from bullmq_compat._wire import upstream
 
 if TYPE_CHECKING:
@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 #: the SQLSTATE upstream's functions raise for a domain refusal; DETAIL holds the Lua-style code
 DOMAIN_ERROR_SQLSTATE = "BM001"
+#: the SQLSTATE our group gate (groups_sql/0002) raises for a full group; DETAIL: {"queue", "group", "maxSize"}
+GROUP_MAX_SIZE_SQLSTATE = "BQG01"
 
 
 @functools.cache
@@ -72,11 +74,21 @@ async def execute(conn: "psycopg.AsyncConnection[Any]", text: str, params: Seque
 
 
 def domain_error(err: BaseException, *, job_id: Optional[str] = None, command: str = "", state: str = "",
-                 parent_key: Optional[str] = None) -> Optional[ScriptError]:
-    """The `ScriptError` for upstream's ``RAISE ... ERRCODE 'BM001', DETAIL '<code>'``, else None."""
-    if getattr(err, "sqlstate", None) != DOMAIN_ERROR_SQLSTATE:
-        return None
+                 parent_key: Optional[str] = None) -> Optional[BullMQCompatError]:
+    """The `ScriptError` for upstream's ``RAISE ... ERRCODE 'BM001', DETAIL '<code>'``, our gate's
+    `GroupMaxSizeExceeded` for its ``BQG01``, else None."""
+    sqlstate = getattr(err, "sqlstate", None)
     detail = getattr(getattr(err, "diag", None), "message_detail", None) or ""
+    if sqlstate == GROUP_MAX_SIZE_SQLSTATE:
+        import json
+
+        try:
+            info = json.loads(detail)
+            return GroupMaxSizeExceeded(str(info["group"]), int(info["maxSize"]), info.get("queue"))
+        except (ValueError, KeyError, TypeError):
+            return GroupMaxSizeExceeded("?", 0)
+    if sqlstate != DOMAIN_ERROR_SQLSTATE:
+        return None
     try:
         code = int(detail)
     except ValueError:

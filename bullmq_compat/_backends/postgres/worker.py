@@ -32,9 +32,9 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
-from bullmq_compat._backends.base import FinishJob, JobFields, NextJob, WorkerChannel, WorkerSettings
+from bullmq_compat._backends.base import FinishJob, JobFields, JobTransaction, NextJob, WorkerChannel, WorkerSettings
 from bullmq_compat._backends.postgres import rows, sql
-from bullmq_compat._backends.postgres.lanes import Lanes, TextRow
+from bullmq_compat._backends.postgres.lanes import Lanes, TextRow, field_names, text_rows
 from bullmq_compat._errors import (
     InvalidArgument,
     InvalidJobData,
@@ -327,6 +327,27 @@ class PostgresWorkerChannel(WorkerChannel):
         command = ("move_to_completed" if completed else "move_to_failed") + ("_fetch" if fetch_next else "")
         return command, head + self._claim_params(now) if fetch_next else head
 
+    async def begin_transaction(self) -> "PostgresJobTransaction":
+        """A pooled session of ours (the schema's search_path) with BEGIN sent, for one processor. A
+        session the server ended while it was idle in the pool (a restart, pg_terminate_backend,
+        idle_session_timeout) is dropped and another one taken: the job's attempt is not charged
+        for a session it never used."""
+        connection = self.backend.connection
+        for attempt in range(3):
+            conn = await connection.borrow()
+            try:
+                await conn.execute("BEGIN")
+            except Exception as err:
+                await connection.discard(conn)
+                if attempt == 2 or not is_connection_error(err):
+                    raise transient(err) from err
+                continue
+            except BaseException:
+                await connection.discard(conn)
+                raise
+            return PostgresJobTransaction(self, conn)
+        raise AssertionError("unreachable")
+
     def _mapped(self, err: BaseException, *, job_id: Optional[str] = None, op: str = "",
                 state: str = "") -> BaseException:
         """A failed command's error as `_run` raises it (upstream's refusal, or connection trouble)."""
@@ -573,3 +594,67 @@ class PostgresWorkerChannel(WorkerChannel):
             self._wake_changed.set()
         await self.lanes.close()
         await self.listener.drop()
+
+
+class PostgresJobTransaction(JobTransaction):
+    """One processor's transaction (``Worker(transactional=True)``): upstream's ``move_to_completed``
+    runs in it, after whatever the processor wrote, and the two commit together. The token check is
+    upstream's: a job whose lock was lost (it stalled and runs elsewhere) is refused, the
+    transaction rolls back, and the processor's writes are gone."""
+
+    def __init__(self, channel: PostgresWorkerChannel, connection: "psycopg.AsyncConnection[Any]") -> None:
+        self.channel = channel
+        self.connection = connection
+        self._open = True
+
+    async def complete(self, job_id: str, job_opts: Mapping[str, Any], value: str, token: str, now: int,
+                       fetch_next: bool = False) -> Optional[NextJob]:
+        channel = self.channel
+        job_id = rows.text_param(job_id, what="job_id")
+        command, params = channel._finish_call(job_id, job_opts, "completed", value, token, now, fetch_next,
+                                               None, None)
+        try:
+            # the finish (and the claim of the next job) and the commit in one round trip
+            found = await self._run_then_commit(sql.command(command), params)
+        except BaseException as err:
+            lost = self.connection.closed or self.connection.broken
+            await self.rollback()
+            mapped = channel._mapped(err, job_id=job_id, op="moveToFinished", state="active")
+            if lost and is_connection_error(err):
+                raise PostgresUnavailable(
+                    f"job {job_id}: the session of its transaction was lost before the commit (ended by the "
+                    f"server: idle_in_transaction_session_timeout, pg_terminate_backend or a restart), so "
+                    f"neither the processor's writes nor the completion were committed: {err}") from None
+            raise mapped from None
+        self._open = False
+        await channel._collect_metrics("completed", int(now))
+        return await channel._next_job(found, now) if fetch_next else None
+
+    async def _run_then_commit(self, text: str, params: Sequence[Any]) -> list[TextRow]:
+        """One command and ``COMMIT`` in one round trip (a pipeline); the command's rows, read as the
+        lanes read them. A failing command aborts the commit and raises."""
+        import psycopg
+        from psycopg import pq
+
+        conn = self.connection
+        async with psycopg.AsyncRawCursor(conn) as cur:
+            async with conn.pipeline():
+                await cur.execute(text, list(params))
+                await conn.execute("COMMIT")
+            result = cur.pgresult
+            if result is None or result.status != pq.ExecStatus.TUPLES_OK:
+                return []
+            return text_rows(result, field_names(result))
+
+    async def rollback(self) -> None:
+        if not self._open:
+            return
+        self._open = False
+        with contextlib.suppress(Exception):  # a broken session: the server rolled it back
+            await self.connection.execute("ROLLBACK")
+
+    async def close(self) -> None:
+        await self.rollback()
+        conn, self.connection = self.connection, None
+        if conn is not None:
+            await self.channel.backend.connection.pool.putconn(conn)

@@ -28,7 +28,7 @@ from bullmq_compat._backends.redis.keys import QueueKeys
 from bullmq_compat._backends.redis.lua import Script, own_script, upstream_scripts
 from bullmq_compat._backends.redis.runner import Call, ScriptRunner, _argv
 from bullmq_compat._backends.redis.worker_calls import WorkerCalls, WorkerWireOptions, parse_next_job
-from bullmq_compat._errors import BullMQCompatError, InvalidArgument, script_error
+from bullmq_compat._errors import BullMQCompatError, InvalidArgument, InvalidJobOptions, script_error
 from bullmq_compat._wire import codec
 
 #: what means "Redis could not be reached" (retried with back-off by workers and QueueEvents)
@@ -37,9 +37,11 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 # Replies of a server that takes no writes for now (a failover, a resync, a cluster change): the
 # command did not run (a script stops at its first write), so it is safely sent again.
 # (redis-py strips the codes it knows from the message and raises its own classes for them)
-TRANSIENT_REPLIES = frozenset({"READONLY", "NOREPLICAS", "MASTERDOWN", "LOADING", "TRYAGAIN", "CLUSTERDOWN"})
+# OOM (maxmemory reached, noeviction): a script is refused only at a first write (once it wrote,
+# Redis lets it finish), so a refused script wrote nothing either; workers retry it once memory frees.
+TRANSIENT_REPLIES = frozenset({"READONLY", "NOREPLICAS", "MASTERDOWN", "LOADING", "TRYAGAIN", "CLUSTERDOWN", "OOM"})
 _TRANSIENT_ERRORS = (*CONNECTION_ERRORS, redis_exc.ReadOnlyError, redis_exc.TryAgainError,
-                     redis_exc.ClusterDownError, redis_exc.BusyLoadingError)
+                     redis_exc.ClusterDownError, redis_exc.BusyLoadingError, redis_exc.OutOfMemoryError)
 
 #: any error Redis or redis-py raises
 REDIS_ERRORS: tuple[type[BaseException], ...] = (redis_exc.RedisError,)
@@ -138,6 +140,15 @@ class RedisBackend(QueueBackend):
     def for_queue(self, name: str, prefix: Optional[str] = None) -> "RedisBackend":
         return RedisBackend(name, None, prefix=prefix or self.prefix, handle=self._handle)
 
+    def split_job_key(self, key: str) -> tuple[Optional[str], str, str]:
+        """``<prefix>:<queue>:<id>``: the prefix may hold colons, a queue name holds none."""
+        last = key.rfind(":")
+        previous = key.rfind(":", 0, last) if last > 0 else -1
+        if last == -1 or previous == -1:
+            parts = (key.split(":") + ["", "", ""])[:3]
+            return parts[0], parts[1], parts[2]
+        return key[:previous], key[previous + 1:last], key[last + 1:]
+
     async def fast_channel(self) -> Optional[Any]:
         """The fast channel for this queue's hot script calls, or None where redis-py must serve
         (Redis Cluster, Sentinel-managed pools, unknown connection classes)."""
@@ -216,7 +227,15 @@ class RedisBackend(QueueBackend):
         return await channel.reply_after(call, err) if channel else err
 
     def check_add(self, job: NewJob) -> str:
-        """Everything that can refuse ``job`` (its data's JSON text is returned, for `submit_new`)."""
+        """Everything that can refuse ``job`` (its data's JSON text is returned, for `submit_new`).
+        Only `Queue.add_bulk` calls it: a group ``max_size`` is refused there (as BullMQ Pro does),
+        since the bulk's adds are separate script calls and a refusal could not undo the others."""
+        group = job.opts.get("group")
+        if isinstance(group, dict) and "maxSize" in group:
+            raise InvalidJobOptions(
+                f"option group={group!r}: max_size is not supported in add_bulk on Redis (as in BullMQ Pro: its "
+                "adds are separate script calls, so a full group could not refuse the bulk as a whole); add such "
+                "jobs one by one with add(), or drop max_size")
         return checked_data(job.name, job.data, job.opts)
 
     def submit_new(self, jobs: Sequence[NewJob], data_json: Sequence[str]
@@ -658,7 +677,18 @@ class RedisBackend(QueueBackend):
             deleted.extend(ids)
             if len(ids) < per_call:
                 break
+        if state == "waiting-children" and deleted:  # jobs held by our group gates may be among them
+            await self._prune_group_bookkeeping()
         return deleted
+
+    async def _prune_group_bookkeeping(self) -> None:
+        """After upstream's clean of waiting-children (it knows nothing of our gates): each group
+        forgets the held jobs it deleted, so counts and listings match what is there."""
+        from bullmq_compat._backends.redis.groups import update_call
+
+        async for gid in self.client.sscan_iter(self.keys.prefix_key + "grp:index", count=1000):
+            script, keys, args = update_call(self.keys, "prune", codec.to_str(gid))
+            await self.runner.call(script, keys, args)
 
     async def obliterate(self, force: bool, count: int) -> None:
         from bullmq_compat._backends.redis.groups import delete_group_jobs
@@ -807,7 +837,12 @@ class RedisBackend(QueueBackend):
                                 delayed_job_opts: Mapping[str, Any], now: int,
                                 producer_id: Optional[str]) -> tuple[str, int]:
         k = self.keys
-        result = await self.runner.call("addJobScheduler", [*self._scheduler_keys(), k.active], [
+        script: Any = "addJobScheduler"
+        keys = [*self._scheduler_keys(), k.active]
+        if delayed_job_opts.get("group") is not None:  # our gate takes the job it makes (groups.md)
+            script = own_script("addGroupJobScheduler-14.lua")
+            keys += [k.waiting_children, k.completed, k.failed]
+        result = await self.runner.call(script, keys, [
             next_millis, codec.pack(dict(scheduler_opts)), scheduler_id, template_data_json,
             codec.pack(dict(template_opts)), codec.pack(dict(delayed_job_opts)), now, k.prefix_key,
             k.job(producer_id) if producer_id else ""])
@@ -818,8 +853,12 @@ class RedisBackend(QueueBackend):
     async def update_job_scheduler(self, scheduler_id: str, next_millis: Optional[int], template_data_json: str,
                                    delayed_job_opts: Mapping[str, Any], now: int, producer_id: str) -> Optional[str]:
         k = self.keys
-        result = await self.runner.call("updateJobScheduler", [
-            *self._scheduler_keys(), k.job(producer_id), k.active], [
+        script: Any = "updateJobScheduler"
+        keys = [*self._scheduler_keys(), k.job(producer_id), k.active]
+        if delayed_job_opts.get("group") is not None:  # our gate takes the job it makes (groups.md)
+            script = own_script("updateGroupJobScheduler-15.lua")
+            keys += [k.waiting_children, k.completed, k.failed]
+        result = await self.runner.call(script, keys, [
             next_millis, scheduler_id, template_data_json, codec.pack(dict(delayed_job_opts)), now, k.prefix_key,
             producer_id])
         if not result:

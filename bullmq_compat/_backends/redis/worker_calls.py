@@ -5,6 +5,7 @@ so Redis sees the same calls whichever language processes the job.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
@@ -65,10 +66,6 @@ class WorkerCalls:
         s = upstream_scripts()
         self._move_to_active = s["moveToActive"]
         self._move_to_finished = s["moveToFinished"]
-        self._move_to_finished_group = own_script("moveToFinishedGroup-15.lua")
-        self._move_to_active_batch = own_script("moveToActiveBatch-11.lua")
-        self._complete_batch = own_script("moveToFinishedBatch-14.lua")
-        self._take_group_jobs = own_script("takeGroupJobs-12.lua")
         self._batch_fetch_opts = codec.pack({"lockDuration": opts.lock_duration, "limiter": opts.limiter,
                                              "name": opts.name})
         self._move_to_delayed = s["moveToDelayed"]
@@ -89,6 +86,23 @@ class WorkerCalls:
         self._packed_finish: dict[Any, bytes] = {}
         self._stalled_keys = [k.stalled, k.wait, k.active, k.stalled_check, k.meta, k.paused, k.marker,
                               k.events, k.repeat]
+
+    # our scripts, built when first used (groups and batches only: a plain worker never builds them)
+    @functools.cached_property
+    def _move_to_finished_group(self) -> Script:
+        return own_script("moveToFinishedGroup-15.lua")
+
+    @functools.cached_property
+    def _move_to_active_batch(self) -> Script:
+        return own_script("moveToActiveBatch-11.lua")
+
+    @functools.cached_property
+    def _complete_batch(self) -> Script:
+        return own_script("moveToFinishedBatch-14.lua")
+
+    @functools.cached_property
+    def _take_group_jobs(self) -> Script:
+        return own_script("takeGroupJobs-12.lua")
 
     def move_to_active(self, token: str, now: int) -> Call:
         return self._move_to_active, self._active_keys, [self.keys.prefix_key, now, self.opts.fetch_opts(token)]
