@@ -161,3 +161,17 @@ class RelayProc:
             if task is not None:
                 with contextlib.suppress(BaseException):
                     await asyncio.wait_for(task, 5)
+
+
+async def no_retained(relay: Any) -> bool:
+    """True once ``relay.get_retained()`` lists nothing, and then a few ms later (for use with
+    ``wait_until``). On Redis the two views of a retained message can disagree for one millisecond:
+    upstream's relayGet drops a message whose index score (publish's TIME + retain) is <= now, while
+    relaySubscribe reads the message's hash, which Redis expires only when now > its PEXPIRE time
+    (the publish script's start + retain, <= that score). A subscribe in the same millisecond as the
+    get that found nothing can still be handed the message; 5 ms later the hash is gone for sure."""
+    if await relay.get_retained():
+        return False
+    await asyncio.sleep(0.005)
+    return True
+

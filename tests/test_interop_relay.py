@@ -21,7 +21,7 @@ import pytest
 
 from bullmq_compat import Relay, RelayMessage
 from tests.helpers import wait_until
-from tests.relay_helpers import RelayProc
+from tests.relay_helpers import RelayProc, no_retained
 
 FAST = {"lease_duration": 1000, "block_timeout": 1000}
 NODE_FAST = {"leaseDuration": 1000, "blockTimeout": 1000}
@@ -92,21 +92,17 @@ async def test_retained_both_ways(redis_url: str, queue_name: str, ours: Relay) 
         # expiry: retained for 1.5 s by Node, gone for a later subscriber of ours
         await node.call("publish", topic="cfg.short", data="s", retain=1500)
         assert [r["topic"] for r in await ours.get_retained()] == ["cfg.short"]
-        await wait_until(lambda: _none_retained(ours), 15, "Node's retained message to expire")
+        await wait_until(lambda: no_retained(ours), 15, "Node's retained message to expire")
         late: list[RelayMessage] = []
         assert (await ours.subscribe("cfg.short", late.append)).retained is None
         # and ours, expired, for a later Node subscriber: only the live message after it
         await ours.publish("cfg.py2", "old", retain=1500)
-        await wait_until(lambda: _none_retained(ours), 15, "our retained message to expire")
+        await wait_until(lambda: no_retained(ours), 15, "our retained message to expire")
         await node.call("subscribe", pattern="cfg.py2")
         live = await ours.publish("cfg.py2", "live")
         (only,) = await node.wait_messages(1, "cfg.py2")
         assert (only["data"], only["mid"], only["retained"]) == ("live", live["mid"], False)
         assert late == []
-
-
-async def _none_retained(relay: Relay) -> bool:
-    return await relay.get_retained() == []
 
 
 async def test_getters_read_the_same(redis_url: str, queue_name: str, ours: Relay) -> None:

@@ -23,7 +23,7 @@ from bullmq_compat._errors import InvalidArgument, QueueClosed
 from bullmq_compat._version import __version__
 from tests._redis_server import RedisServer
 from tests.helpers import wait_until
-from tests.relay_helpers import RelayProc
+from tests.relay_helpers import RelayProc, no_retained
 
 FAST = {"lease_duration": 1000, "block_timeout": 1000}
 
@@ -112,7 +112,7 @@ async def test_retained_first_then_live_then_expiry_and_delete(relays: Any) -> N
     pattern_got, on_pattern = recorder()
     assert (await b.subscribe("cfg.*", on_pattern)).retained is None
     # gone after its retain time
-    await wait_until(lambda: _no_retained(a), 15, "the retained message to expire")
+    await wait_until(lambda: no_retained(a), 15, "the retained message to expire")
     later, on_later = recorder()
     assert (await b.subscribe("cfg.flags", on_later)).retained is None
     # and after delete_retained
@@ -124,10 +124,6 @@ async def test_retained_first_then_live_then_expiry_and_delete(relays: Any) -> N
     assert later == []
     await wait_until(lambda: pattern_got, 15, "cfg.other on cfg.*")
     assert [(m.topic, m.retained) for m in pattern_got] == [("cfg.other", False)]
-
-
-async def _no_retained(relay: Relay) -> bool:
-    return await relay.get_retained() == []
 
 
 async def test_listener_error_goes_to_error_event_and_delivery_continues(relays: Any) -> None:
