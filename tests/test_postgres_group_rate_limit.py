@@ -141,6 +141,36 @@ async def test_node_workers_honour_group_rate_limits_without_a_keeper(
         assert by_p["free"][-1] < by_p["A"][-1]
 
 
+async def test_a_start_sent_late_is_stamped_on_the_databases_clock_so_the_window_holds(
+        postgres_url: str, gschema: str, queue_name: str) -> None:
+    """A worker's "now" is its own clock when it sent the call (Node's Date.now(), ours alike): on a
+    busy machine the database runs the call later. Here a fused finish-and-fetch (upstream's
+    move_to_completed_fetch, as a Node worker sends it) of A's first job reaches the database 500 ms
+    after its "now" was taken, when the group's 400 ms window has passed: the gate releases A's
+    second job and the same call starts it. Its processed_at_ms is not the stale "now" (which would
+    put both starts 100 ms apart, inside the window) but the database's clock (a version-4 schema
+    recorded the stale one: this fails there)."""
+    async with Queue(queue_name, connection=postgres_url, schema=gschema) as queue:
+        await queue.set_group_rate_limit("A", max=1, duration=400)
+        first = await queue.add("rl", {"s": 0}, group="A")
+        second = await queue.add("rl", {"s": 1}, group="A")
+        assert await queue.get_job_state(second.id) == "waiting-children"
+    claim = ("SELECT id, processed_at_ms FROM move_to_active(%(q)s, 'tok-1', 30000, %(now)s, 'late', NULL, NULL)")
+    started = now_ms()
+    ((job_id, t1),) = await sql(postgres_url, gschema, claim, {"q": queue_name, "now": started})
+    assert job_id == first.id and started <= t1 <= now_ms()
+    await asyncio.sleep(0.5)
+    stale = t1 + 100
+    rows = await sql(postgres_url, gschema, "SELECT id, processed_at_ms FROM move_to_completed_fetch(%(q)s, %(id)s, "
+                     "'tok-1', '1'::jsonb, %(now)s, false, NULL, NULL, 30000, %(now)s, 'late', NULL, NULL)",
+                     {"q": queue_name, "id": first.id, "now": stale})
+    assert [r[0] for r in rows] == [second.id]  # released (the window is over on the database's clock) and taken
+    t2 = rows[0][1]
+    assert t2 - t1 >= 400, f"the second start recorded {t2 - t1} ms after the first (limit 1 per 400 ms)"
+    assert t2 <= now_ms()
+    assert (await processed_on(postgres_url, gschema, queue_name))[second.id] == t2
+
+
 async def test_rate_limit_group_holds_the_group_for_python_and_node_workers(
         postgres_url: str, gschema: str, queue_name: str) -> None:
     """A Python worker takes A:0 and rate-limits its group for 8 s (A:1 was released too, k = 2: it
@@ -189,7 +219,7 @@ async def test_a_version_2_schema_is_upgraded_in_place_and_drop_removes_everythi
     from bullmq_compat._backends.postgres import groups as pg_groups
 
     everything = pg_groups.group_migrations()
-    assert [m.version for m in everything][-1] == 4
+    assert [m.version for m in everything][-1] == pg_groups.latest_groups_version() >= 4
     with monkeypatch.context() as patch:
         patch.setattr(pg_groups, "group_migrations", lambda: everything[:2])
         await migrate_postgres(postgres_url, pg_schema, groups=True)
