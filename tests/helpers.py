@@ -112,3 +112,20 @@ def known_gap(holds: bool, message: str) -> None:
     """The final check of an xfail test: raise `KnownGap` with ``message`` unless ``holds``."""
     if not holds:
         raise KnownGap(message)
+
+
+async def finish_by_hand(worker: Any, outcomes: Any, token: str = "tok") -> None:
+    """Take the queue's next jobs with ``worker.get_next_job(token)``, one per outcome, and move each
+    to completed ("ok", return value "done") or failed (otherwise, RuntimeError("boom")); then close
+    the worker. A job missing fails the test."""
+    try:
+        for outcome in outcomes:
+            job = await worker.get_next_job(token, block=False)
+            assert job is not None
+            if outcome == "ok":
+                await job.move_to_completed("done", token)
+            else:
+                await job.move_to_failed(RuntimeError("boom"), token)
+    finally:
+        await worker.close()
+

@@ -25,6 +25,7 @@ import pytest
 
 from bullmq_compat import FlowProducer, Queue, Worker
 from bullmq_compat._backoff import builtin_delay
+from tests.helpers import finish_by_hand
 from tests.node import node
 from tests.test_interop_schedulers import python_form
 
@@ -236,16 +237,7 @@ async def test_metrics_and_counts_per_priority_are_nodes(side: Side, queue: Queu
     await queue.add_bulk([{"name": "m", "data": {}} for _ in range(3)])
     await queue.add("f", {}, attempts=1)
     worker = Worker(queue.name, **side.connect, metrics={"max_data_points": 60})
-    try:
-        for outcome in ("ok", "ok", "ok", "fail"):
-            job = await worker.get_next_job("tok", block=False)
-            assert job is not None
-            if outcome == "ok":
-                await job.move_to_completed("done", "tok")
-            else:
-                await job.move_to_failed(RuntimeError("boom"), "tok")
-    finally:
-        await worker.close()
+    await finish_by_hand(worker, ("ok", "ok", "ok", "fail"))
     await queue.add_bulk([{"name": "a", "data": {}}, {"name": "b", "data": {}, "opts": {"priority": 2}},
                           {"name": "c", "data": {}, "opts": {"priority": 2}},
                           {"name": "d", "data": {}, "opts": {"priority": 9}}])

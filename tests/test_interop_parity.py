@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from bullmq_compat import FlowProducer, Job, Queue, Worker
+from tests.helpers import finish_by_hand
 from tests.node import node
 from tests.node_scripts import run_script
 from tests.test_interop_dedup import add, final_state, run_python, same_results
@@ -27,16 +28,7 @@ async def _make_state(queue: Queue, redis_url: str) -> None:
     await queue.add("p", {}, priority=4)
     await queue.add("d", {}, delay=600_000)
     worker = Worker(queue.name, connection=redis_url, metrics={"max_data_points": 60})
-    try:
-        for outcome in ("ok", "ok", "fail"):
-            job = await worker.get_next_job("tok", block=False)
-            assert job is not None
-            if outcome == "ok":
-                await job.move_to_completed("done", "tok")
-            else:
-                await job.move_to_failed(RuntimeError("boom"), "tok")
-    finally:
-        await worker.close()
+    await finish_by_hand(worker, ("ok", "ok", "fail"))
 
 
 async def test_prometheus_text_is_nodes(redis_url: str, queue_name: str) -> None:
