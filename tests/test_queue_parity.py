@@ -195,6 +195,34 @@ async def test_get_dependencies_pages_processed_and_pending(queue: Queue, redis_
         await queue.get_dependencies(parent_id, "unprocessed")
 
 
+async def test_an_orphan_whose_keys_come_in_different_scan_batches_counts_once(queue: Queue, redis: Any) -> None:
+    """Candidates are checked each ``count`` keys scanned, which need not fall between SCAN replies:
+    an orphan's ``:logs`` and its hash can then be in different batches although one reply brought
+    both, and upstream's script counts each id it is given, deleted or not, so the second batch
+    counted the same orphan again (a fresh-clone run saw 3 for 2 orphans). Here one SCAN reply
+    brings the three keys (scan_iter is replaced by one that yields them, in this order, from a real
+    SCAN of the queue's keys) and ``count=1`` checks after each."""
+    base = queue.keys.prefix_key
+    await redis.hset(base + "orphan", mapping={"name": "x", "data": "{}"})
+    await redis.rpush(base + "orphan:logs", "a")
+    await redis.rpush(base + "orphan:dependencies", "b")
+    client = queue.backend.client  # type: ignore[attr-defined]
+    real_scan = client.scan_iter
+
+    async def one_reply(match: str, count: int) -> Any:
+        keys = sorted([k async for k in real_scan(match=match, count=1000)], reverse=True)  # sub-keys first
+        assert [k.decode() if isinstance(k, bytes) else k for k in keys] == [
+            base + "orphan:logs", base + "orphan:dependencies", base + "orphan", base + "meta"]
+        for key in keys:
+            yield key
+    client.scan_iter = one_reply
+    try:
+        assert await queue.remove_orphaned_jobs(count=1) == 1
+    finally:
+        del client.scan_iter
+    assert not await redis.exists(base + "orphan", base + "orphan:logs", base + "orphan:dependencies")
+
+
 async def test_remove_orphaned_jobs_removes_only_unlisted_job_data(queue: Queue, redis: Any) -> None:
     kept = await queue.add("kept", {})
     await queue.add("dedup", {}, deduplication={"id": "logs"})

@@ -545,6 +545,7 @@ class RedisBackend(QueueBackend):
         sub_keys = ["logs", "dependencies", "processed", "failed", "unsuccessful", "lock"]
         removed = 0
         candidates: list[str] = []
+        checked: set[str] = set()  # ids sent once already: a job's key and its sub-keys can come in different batches
         seen = 0
 
         async def check() -> int:
@@ -560,8 +561,9 @@ class RedisBackend(QueueBackend):
             suffix = codec.to_str(key)[len(base):]
             job_id, colon, sub = suffix.partition(":")
             if not (suffix in infrastructure or (colon and (job_id in infrastructure or sub not in sub_keys))) \
-                    and job_id not in candidates:
+                    and job_id not in checked:
                 candidates.append(job_id)
+                checked.add(job_id)
             if seen % count == 0 and candidates:
                 removed += await check()
                 if limit > 0 and removed >= limit:
