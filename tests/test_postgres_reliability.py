@@ -45,6 +45,7 @@ from tests.chaos_helpers import (
     stdout_of,
 )
 from tests.group_helpers import Proc
+from tests.helpers import eventually
 from tests.pg_group_helpers import final_states as pg_final_states
 from tests.pg_group_helpers import finish_events as pg_finish_events
 from tests.pg_group_helpers import read_run_records
@@ -460,6 +461,75 @@ async def test_calls_queued_while_a_lane_fails_to_open_are_not_left_waiting(
         monkeypatch.undo()  # the server is back: calls go through again
         rows = await asyncio.wait_for(lanes.run("get_counts", ["q"]), 10)
         assert rows and "waiting" in rows[0]
+    finally:
+        await lanes.close()
+        await connection.close()
+
+
+async def test_a_lane_whose_session_the_server_ends_while_idle_is_closed_at_once(
+        postgres_url: str, pg_migrated: str) -> None:
+    """A worker that once needed three lanes and now needs one takes the most recently used lane
+    each time: a lane lower in the idle stack, ended by the server (pg_terminate_backend), must not
+    stay open and counted until it is taken (a fresh-clone run saw the server with one session fewer
+    than the worker held, for 30 s). It is closed as soon as its socket says so."""
+    from bullmq_compat._backends.postgres.connection import PostgresConnection
+    from bullmq_compat._backends.postgres.lanes import Lanes
+
+    connection = PostgresConnection(postgres_url, schema=pg_migrated)
+    await connection.connect()
+    lanes = Lanes(connection, 3)
+    try:
+        await asyncio.gather(*(lanes.run("get_counts", ["q"]) for _ in range(3)))  # three lanes opened at once
+        assert lanes.open == 3 and len(lanes._idle) == 3
+        bottom = lanes._idle[0]  # the least recently used: taken last
+        async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as admin:
+            await admin.execute("SELECT pg_terminate_backend(%s)", [bottom.conn.info.backend_pid])
+
+        def closed() -> bool:
+            held = [c for c, _ in connection._listeners]
+            return lanes.open == 2 and bottom not in lanes._idle and bottom.conn not in held and bottom.conn.closed
+        await eventually(closed, timeout=30, what="the ended lane closed and no longer counted")
+        for _ in range(3):  # the other lanes go on
+            rows = await lanes.run("get_counts", ["q"])
+            assert rows and "waiting" in rows[0]
+        assert lanes.open == 2
+    finally:
+        await lanes.close()
+        await connection.close()
+
+
+async def test_a_lane_opened_for_calls_another_lane_took_meanwhile_goes_idle(
+        postgres_url: str, pg_migrated: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A freed lane hands the queued calls to lanes, opening one when fewer than the size are open
+    (one was lost, say). If, while it opens, another lane is released and takes the calls, the new
+    lane must go idle: taking a call from the empty queue raised IndexError from the release (into
+    a caller whose call had succeeded) and left the lane open but owned by nobody, for good (seen as
+    one session too many held by a worker, after a kill of its lanes under load)."""
+    from bullmq_compat._backends.postgres.connection import PostgresConnection
+    from bullmq_compat._backends.postgres.lanes import Lanes, _Call
+
+    connection = PostgresConnection(postgres_url, schema=pg_migrated)
+    await connection.connect()
+    lanes = Lanes(connection, 2)
+    real_open = Lanes._open_lane
+
+    async def slow_open(self: Lanes) -> Any:
+        await asyncio.sleep(0.3)
+        return await real_open(self)
+
+    monkeypatch.setattr(Lanes, "_open_lane", slow_open)
+    try:
+        reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        lanes._queue.append(_Call("get_counts", ["q"], False, reply))
+        draining = asyncio.ensure_future(lanes._drain())  # opens a lane for the queued call
+        await asyncio.sleep(0.1)
+        taken = lanes._queue.popleft()  # ... which another lane takes meanwhile
+        taken.reply.set_result([])
+        await asyncio.wait_for(draining, 10)  # raised IndexError before
+        assert lanes.open == 1 and len(lanes._idle) == 1
+        assert len(connection._listeners) == lanes.open
+        rows = await lanes.run("get_counts", ["q"])  # the lane serves the next call
+        assert rows and "waiting" in rows[0] and lanes.open == 1
     finally:
         await lanes.close()
         await connection.close()

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from bullmq_compat._backends.postgres import sql
 from bullmq_compat._errors import PostgresUnavailable
@@ -90,6 +90,8 @@ class Lane:
         self._prepared: set[str] = set()
         self._names: dict[str, list[str]] = {}
         self._pipeline = False
+        #: called (with the lane) when the session is found lost while no call is on it
+        self.on_lost_idle: Optional[Callable[["Lane"], None]] = None
         self._loop.add_reader(self._fd, self._readable)
 
     def _readable(self) -> None:
@@ -128,6 +130,8 @@ class Lane:
         reply, self._reply = self._reply, None
         if reply is not None and not reply.done():
             reply.set_exception(err)
+        elif reply is None and self.on_lost_idle is not None:
+            self.on_lost_idle(self)
 
     async def _exchange(self, send: Any) -> list["pq.abc.PGresult"]:
         """Call ``send()`` (which queues one statement, or a pipelined batch) and await its results."""
@@ -328,6 +332,7 @@ class Lanes:
         self._idle: collections.deque[Lane] = collections.deque()
         self._open = 0
         self._queue: collections.deque[_Call] = collections.deque()
+        self._tasks: set[asyncio.Future[None]] = set()
         self._closed = False
 
     @property
@@ -364,7 +369,22 @@ class Lanes:
                 with contextlib.suppress(Exception):
                     await self.connection.close_listen_session(conn)
                 raise
-        return Lane(conn)
+        lane = Lane(conn)
+        lane.on_lost_idle = self._lost_while_idle
+        return lane
+
+    def _lost_while_idle(self, lane: Lane) -> None:
+        """A session the server ended while its lane sat idle (pg_terminate_backend, a restart) is
+        closed at once: otherwise it would wait, counted as open, until every lane above it in the
+        idle stack had been taken -- which a worker that needs fewer lanes than it opened never does."""
+        if lane in self._idle and not self._closed:
+            self._idle.remove(lane)
+            self._keep(asyncio.ensure_future(self._discard(lane)))
+
+    def _keep(self, task: "asyncio.Future[None]") -> None:
+        """Hold a task of ours until it ends (the loop keeps only a weak reference to it)."""
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _discard(self, lane: Lane) -> None:
         self._open -= 1
@@ -471,17 +491,23 @@ class Lanes:
             try:
                 lane = await self._lane()
             except Exception as err:
-                call = self._queue.popleft()
-                if not call.reply.done():
-                    call.reply.set_exception(err)
+                if self._queue:
+                    call = self._queue.popleft()
+                    if not call.reply.done():
+                        call.reply.set_exception(err)
                 continue
             if lane is None:
+                return
+            if not self._queue:
+                # while this lane was opening, a lane released meanwhile took the queued calls: this
+                # one goes idle (taking a call from an empty queue would lose the lane for good)
+                await self._release(lane)
                 return
             calls = [self._queue.popleft()]
             if calls[0].batchable:
                 while self._queue and self._queue[0].batchable and len(calls) < self.max_batch:
                     calls.append(self._queue.popleft())
-            asyncio.ensure_future(self._serve(lane, calls))
+            self._keep(asyncio.ensure_future(self._serve(lane, calls)))
 
     async def _serve(self, lane: Lane, calls: list[_Call]) -> None:
         try:
