@@ -15,12 +15,14 @@ processes).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Optional
 from urllib.parse import unquote, urlsplit
 
 import pytest
@@ -175,15 +177,49 @@ def _finish(block: Block, proc: subprocess.Popen[str]) -> str:
     return out
 
 
-def _run_together(pairs: list[tuple[Block, str]], tmp_path: Path, installed: Path) -> list[str]:
+def _run_together(pairs: list[tuple[Block, str]], tmp_path: Path, installed: Path,
+                  diagnose: Optional[Callable[[], str]] = None) -> list[str]:
+    """Run the blocks at once; each must exit 0. When one fails, the message also has what the
+    others printed (each stopped first) and ``diagnose()``'s account of the datastore."""
     procs = [(block, _start(block, text, tmp_path, installed)) for block, text in pairs]
     try:
         return [_finish(block, proc) for block, proc in procs]
+    except (AssertionError, pytest.fail.Exception) as failure:
+        others = []
+        for block, proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(10)
+            if proc.poll() is None:
+                proc.kill()
+            out, err = proc.communicate()
+            if out or err:
+                others.append(f"{block} (exit {proc.returncode}):\n--- stdout ---\n{out}\n--- stderr ---\n{err}")
+        state = diagnose() if diagnose is not None else ""
+        raise AssertionError("\n".join([str(failure), *others, state])) from None
     finally:
         for _, proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
+
+
+def _redis_queue_state(redis_url: str, queue: str) -> str:
+    """The queue's job hashes (name, state fields) and its last events, for a failure's message."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        prefix = f"bull:{queue}:"
+        jobs = {key: client.hmget(key, "name", "processedOn", "finishedOn", "returnvalue", "failedReason")
+                for key in sorted(client.scan_iter(prefix + "*")) if key[len(prefix):].isdigit()}
+        lists = {name: client.zrange(prefix + name, 0, -1) if client.type(prefix + name) == "zset"
+                 else client.lrange(prefix + name, 0, -1) for name in ("wait", "active", "completed", "failed")}
+        events = client.xrevrange(prefix + "events", count=12)
+        return f"queue {queue!r}: jobs {jobs}; {lists}; last events {events}"
+    finally:
+        client.close()
 
 
 # -- the tests -----------------------------------------------------------------------------------
@@ -226,7 +262,8 @@ def test_the_redis_blocks_run_as_pasted(redis_url: str, tmp_path: Path, installe
 
 def test_the_node_producer_and_the_python_worker_run_together(redis_url: str, tmp_path: Path, installed: Path) -> None:
     chosen = node_section_blocks()
-    outputs = _run_together([(block, substituted(block, redis_url)) for block in chosen], tmp_path, installed)
+    outputs = _run_together([(block, substituted(block, redis_url)) for block in chosen], tmp_path, installed,
+                            lambda: _redis_queue_state(redis_url, "emails"))
     node_out = next(out for block, out in zip(chosen, outputs) if block.runner == "node")
     assert "double" in node_out and "42" in node_out  # what the Python worker returned, as Node read it
 
