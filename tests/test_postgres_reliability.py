@@ -535,6 +535,35 @@ async def test_a_lane_opened_for_calls_another_lane_took_meanwhile_goes_idle(
         await connection.close()
 
 
+async def test_a_started_call_cancelled_at_once_gives_its_lane_back_when_the_answer_comes(
+        postgres_url: str, pg_migrated: str) -> None:
+    """`Lanes.start` (a Queue's add sent before the Job is built): the caller may be cancelled
+    before the loop runs again (wait_for, a task group). The lane must be released when the
+    server answers: the call's task, cancelled before its first step, never ran its release, and
+    the only lane stayed busy for good (the next call waited forever)."""
+    from bullmq_compat._backends.postgres.connection import PostgresConnection
+    from bullmq_compat._backends.postgres.lanes import Lanes
+
+    connection = PostgresConnection(postgres_url, schema=pg_migrated)
+    await connection.connect()
+    lanes = Lanes(connection, 1)
+    try:
+        await lanes.run("get_counts", ["q"])  # the one lane, idle, the statement prepared on it
+        started = lanes.start("get_counts", ["q"])
+        assert started is not None and not lanes._idle
+        started.cancel()
+        await eventually(lambda: len(lanes._idle) == 1, timeout=30, what="the lane idle again")
+        rows = await asyncio.wait_for(lanes.run("get_counts", ["q"]), 10)
+        assert rows and "waiting" in rows[0] and lanes.open == 1
+        again = lanes.start("get_counts", ["q"])  # and a call that is awaited gets its rows
+        assert again is not None
+        rows = await asyncio.wait_for(again, 10)
+        assert rows and "waiting" in rows[0] and len(lanes._idle) == 1
+    finally:
+        await lanes.close()
+        await connection.close()
+
+
 # -- 7. group jobs (our gate, groups_sql/0001_group_gate.sql): SIGKILLs and a restart ------------------------
 GROUP_CRASH_JOBS = 300
 GROUP_CRASH_KILLS = 10

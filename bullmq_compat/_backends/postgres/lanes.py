@@ -432,19 +432,41 @@ class Lanes:
         try:
             sent = lane.start(name, params)
         except BaseException:
-            asyncio.ensure_future(self._release(lane))
+            self._keep(asyncio.ensure_future(self._release(lane)))
             raise
-        return asyncio.ensure_future(self._started(lane, name, sent))
+        rows: asyncio.Future[list[TextRow]] = asyncio.get_running_loop().create_future()
 
-    async def _started(self, lane: Lane, name: str, sent: "asyncio.Future[list[pq.abc.PGresult]]") -> list[TextRow]:
-        try:
-            return lane.results(name, await sent)
-        except BaseException:
-            if lane.broken or lane._reply is not None:
-                lane.detach()
-            raise
-        finally:
-            await self._release(lane)
+        def answered(reply: "asyncio.Future[list[pq.abc.PGresult]]") -> None:
+            # the lane is released here, when the server has answered, whatever became of `rows`: a
+            # caller cancelled before a task of ours ran would have left the lane owned by nobody
+            try:
+                found: Any = lane.results(name, reply.result())
+            except BaseException as err:  # (a refusal on a sound session: the lane stays)
+                if lane.broken or lane._reply is not None:
+                    lane.detach()
+                found = err
+            self._release_now(lane)  # before the caller goes on: its next call finds the lane idle
+            if rows.done():
+                return
+            if isinstance(found, asyncio.CancelledError):
+                rows.cancel()
+            elif isinstance(found, BaseException):
+                rows.set_exception(found)
+            else:
+                rows.set_result(found)
+
+        sent.add_done_callback(answered)
+        return rows
+
+    def _release_now(self, lane: Lane) -> None:
+        """`_release` from a callback: a sound lane goes idle at once; the discard of a lost one and
+        the hand-over of queued calls run as tasks."""
+        if lane.broken or self._closed:
+            self._keep(asyncio.ensure_future(self._discard(lane)))
+            return
+        self._idle.append(lane)
+        if self._queue:
+            self._keep(asyncio.ensure_future(self._drain()))
 
     async def run_many(self, calls: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
         """Several calls (a worker's batch of claims or finishes) in ONE transaction on one lane, in
