@@ -67,7 +67,8 @@ IDLE_TIMEOUT = "terminating connection due to idle-in-transaction timeout"
 KILL_STATEMENT_TIMEOUT = "5s"
 
 
-def strict_server(statement_timeout: str) -> PostgresServer:
+@contextlib.contextmanager
+def strict_server(statement_timeout: str) -> Iterator[PostgresServer]:
     """A cluster of our own with low statement and idle-in-transaction timeouts for every session."""
     server = PostgresServer().start()
     try:
@@ -83,28 +84,21 @@ def strict_server(statement_timeout: str) -> PostgresServer:
             shown = [conn.execute(f"SHOW {name}").fetchone() for name in
                      ("statement_timeout", "idle_in_transaction_session_timeout")]
         assert shown == [(statement_timeout,), (IDLE_IN_TRANSACTION_TIMEOUT,)], shown
-    except BaseException:
+        yield server
+    finally:
         server.stop()
-        raise
-    return server
 
 
 @pytest.fixture
 def strict_postgres() -> Iterator[PostgresServer]:
-    server = strict_server(STATEMENT_TIMEOUT)
-    try:
+    with strict_server(STATEMENT_TIMEOUT) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
 def kill_postgres() -> Iterator[PostgresServer]:
-    server = strict_server(KILL_STATEMENT_TIMEOUT)
-    try:
+    with strict_server(KILL_STATEMENT_TIMEOUT) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def server_log(server: PostgresServer) -> str:

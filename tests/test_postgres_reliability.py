@@ -564,6 +564,38 @@ async def test_a_started_call_cancelled_at_once_gives_its_lane_back_when_the_ans
         await connection.close()
 
 
+async def test_a_started_call_whose_session_is_gone_hands_the_queued_calls_to_a_new_lane(
+        postgres_url: str, pg_migrated: str) -> None:
+    """`Lanes.start` on a lane whose session the server ended (not yet seen: the loop has not run
+    since), with a call queued behind it: when the answer says the session is lost, the lane is
+    discarded and the queued call gets a new lane, as a released lane hands queued calls on."""
+    import time
+
+    from bullmq_compat._backends.postgres.connection import PostgresConnection
+    from bullmq_compat._backends.postgres.lanes import Lanes
+
+    connection = PostgresConnection(postgres_url, schema=pg_migrated)
+    await connection.connect()
+    lanes = Lanes(connection, 1)
+    try:
+        await lanes.run("get_counts", ["q"])
+        pid = lanes._idle[0].conn.info.backend_pid
+        with psycopg.connect(postgres_url, autocommit=True) as admin:  # blocking: the loop does not run
+            admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+        time.sleep(0.3)  # the session has ended; the lane has not read it yet
+        started = lanes.start("get_counts", ["q"])
+        assert started is not None
+        queued = asyncio.ensure_future(lanes.run("get_counts", ["q"]))  # the only lane is busy: queued
+        with pytest.raises(psycopg.OperationalError):
+            await asyncio.wait_for(started, 10)
+        rows = await asyncio.wait_for(queued, 10)
+        assert rows and "waiting" in rows[0]
+        assert lanes.open == 1 and lanes._idle[0].conn.info.backend_pid != pid
+    finally:
+        await lanes.close()
+        await connection.close()
+
+
 # -- 7. group jobs (our gate, groups_sql/0001_group_gate.sql): SIGKILLs and a restart ------------------------
 GROUP_CRASH_JOBS = 300
 GROUP_CRASH_KILLS = 10

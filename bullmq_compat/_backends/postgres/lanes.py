@@ -459,10 +459,10 @@ class Lanes:
         return rows
 
     def _release_now(self, lane: Lane) -> None:
-        """`_release` from a callback: a sound lane goes idle at once; the discard of a lost one and
-        the hand-over of queued calls run as tasks."""
+        """`_release` from a callback: a sound lane goes idle at once; the discard of a lost one (then
+        the hand-over of queued calls, as `_release` does) and the hand-over run as tasks."""
         if lane.broken or self._closed:
-            self._keep(asyncio.ensure_future(self._discard(lane)))
+            self._keep(asyncio.ensure_future(self._release(lane)))
             return
         self._idle.append(lane)
         if self._queue:
