@@ -37,6 +37,9 @@ EXPECTED_STATE = {"ok": "completed", "retry": "completed", "always": "failed", "
 EXPECTED_REASON = {"always": ALWAYS_REASON, "fatal": FATAL_REASON}
 #: a run that ended this long before its process was killed had time to write its finish
 KILL_WINDOW_MS = 1000
+#: how long after a kill's recorded time its process may still start (and record) a run: the time
+#: is read before the signal is sent (a make chaos run saw a start 2 ms after it)
+KILL_SLACK_MS = 50
 
 
 def now_ms() -> int:
@@ -217,7 +220,8 @@ def check_runs(plan: Plan, states: Mapping[str, Mapping[str, Any]], starts: list
     of the same (job, attempt) is a *duplicate*; the earlier run it repeats is
 
     - **explained by a kill** only if its process was SIGKILLed (``kills``: pid -> ms) after the run
-      started and before the repeat started, and the run's finish was never acknowledged (no
+      started (or, for a run it never ended, at most KILL_SLACK_MS before) and before the repeat
+      started, and the run's finish was never acknowledged (no
       ``fins`` record; with no ``fins`` at all, its end was less than KILL_WINDOW_MS before the kill);
     - explained by a fault: in flight during a fault window (``windows``: (start, end) ms — Redis
       down, connections killed), or a job in ``may_repeat`` (e.g. active when CLIENT PAUSE began);
@@ -284,7 +288,11 @@ def check_runs(plan: Plan, states: Mapping[str, Mapping[str, Any]], starts: list
 
     def by_kill(job_id: str, run: tuple[int, int, int, int, bool], next_t0: int) -> bool:
         t0, t1, attempt, pid, ended = run
-        if pid not in kills or not t0 <= kills[pid] <= next_t0:
+        if pid not in kills or not kills[pid] <= next_t0:
+            return False
+        # the kill's time is read just before the signal is sent, and the process runs on until it
+        # lands: a run it started in that moment, and never ended, was cut by the kill all the same
+        if t0 > kills[pid] and (ended or t0 - kills[pid] > KILL_SLACK_MS):
             return False
         if fins:
             return (job_id, attempt, pid, t0) not in acked

@@ -57,6 +57,22 @@ def test_a_run_whose_finish_was_not_yet_acknowledged_at_the_kill_explains_its_re
     assert (figures.duplicates, figures.lock_lost) == (1, 0)
 
 
+def test_a_run_started_in_the_moment_before_the_kill_landed_is_cut_by_it() -> None:
+    """The kill's time is read just before the signal is sent: the process may start a run and
+    record it a few ms later (a make chaos run: 2 ms). Never ended, it was cut by that kill; a run
+    recorded as ended then, or started well after, is not explained by it."""
+    figures = check([(PID_A, 1202, 0, False), (PID_B, 3000, 3050, True)], kills={PID_A: 1200},
+                    stalled_at=(2600,), fins=((PID_B, 3000, 3060),))
+    assert (figures.duplicates, figures.killed_runs, figures.lock_lost, figures.unexplained) == (1, 1, 0, 0)
+    late = chaos_helpers.KILL_SLACK_MS + 1
+    figures = check([(PID_A, 1200 + late, 0, False), (PID_B, 3000, 3050, True)], kills={PID_A: 1200},
+                    stalled_at=(2600,), fins=((PID_B, 3000, 3060),))
+    assert figures.lock_lost == 1
+    figures = check([(PID_A, 1202, 1203, True), (PID_B, 3000, 3050, True)], kills={PID_A: 1200},
+                    stalled_at=(2600,), fins=((PID_B, 3000, 3060),))
+    assert figures.lock_lost == 1
+
+
 def test_a_repeat_of_a_live_workers_run_is_a_lost_lock_with_its_lag() -> None:
     """No kill: the first run's worker was alive and lost its lock (here its loop lagged 1.8 s); the
     two runs overlap, which only a lost lock permits."""
