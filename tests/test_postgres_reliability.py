@@ -24,7 +24,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, AsyncIterator, Iterator, Sequence
 
 import psycopg
 import pytest
@@ -433,24 +433,35 @@ async def test_a_queue_whose_idle_add_sessions_were_terminated_carries_on(
 
 
 # -- 6. the worker's lanes while the server is away ----------------------------------------------------------
+@contextlib.asynccontextmanager
+async def lanes_on(url: str, schema: str, size: int) -> AsyncIterator[tuple[Any, Any]]:
+    """A PostgresConnection of the schema and `Lanes` of ``size`` on it, both closed afterwards."""
+    from bullmq_compat._backends.postgres.connection import PostgresConnection
+    from bullmq_compat._backends.postgres.lanes import Lanes
+
+    connection = PostgresConnection(url, schema=schema)
+    await connection.connect()
+    lanes = Lanes(connection, size)
+    try:
+        yield connection, lanes
+    finally:
+        await lanes.close()
+        await connection.close()
+
+
 async def test_calls_queued_while_a_lane_fails_to_open_are_not_left_waiting(
         postgres_url: str, pg_migrated: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """With every lane opening (the server away), further calls queue for a lane; when the opening
     fails, they must fail too (the worker retries them), not wait for a release that never comes
     (what hung a worker for good after a restart)."""
-    from bullmq_compat._backends.postgres.connection import PostgresConnection
     from bullmq_compat._backends.postgres.lanes import Lanes
-
-    connection = PostgresConnection(postgres_url, schema=pg_migrated)
-    await connection.connect()
-    lanes = Lanes(connection, 1)
 
     async def unreachable(self: Lanes) -> Any:
         await asyncio.sleep(0.2)
         raise psycopg.OperationalError("connection refused (the server is restarting)")
 
     monkeypatch.setattr(Lanes, "_open_lane", unreachable)
-    try:
+    async with lanes_on(postgres_url, pg_migrated, 1) as (connection, lanes):
         first = asyncio.ensure_future(lanes.run("get_counts", ["q"]))
         await asyncio.sleep(0.05)  # it is opening the only lane: the next call queues
         queued = asyncio.ensure_future(lanes.run("get_counts", ["q"], batchable=True))
@@ -461,9 +472,6 @@ async def test_calls_queued_while_a_lane_fails_to_open_are_not_left_waiting(
         monkeypatch.undo()  # the server is back: calls go through again
         rows = await asyncio.wait_for(lanes.run("get_counts", ["q"]), 10)
         assert rows and "waiting" in rows[0]
-    finally:
-        await lanes.close()
-        await connection.close()
 
 
 async def test_a_lane_whose_session_the_server_ends_while_idle_is_closed_at_once(
@@ -472,13 +480,7 @@ async def test_a_lane_whose_session_the_server_ends_while_idle_is_closed_at_once
     each time: a lane lower in the idle stack, ended by the server (pg_terminate_backend), must not
     stay open and counted until it is taken (a fresh-clone run saw the server with one session fewer
     than the worker held, for 30 s). It is closed as soon as its socket says so."""
-    from bullmq_compat._backends.postgres.connection import PostgresConnection
-    from bullmq_compat._backends.postgres.lanes import Lanes
-
-    connection = PostgresConnection(postgres_url, schema=pg_migrated)
-    await connection.connect()
-    lanes = Lanes(connection, 3)
-    try:
+    async with lanes_on(postgres_url, pg_migrated, 3) as (connection, lanes):
         await asyncio.gather(*(lanes.run("get_counts", ["q"]) for _ in range(3)))  # three lanes opened at once
         assert lanes.open == 3 and len(lanes._idle) == 3
         bottom = lanes._idle[0]  # the least recently used: taken last
@@ -493,9 +495,6 @@ async def test_a_lane_whose_session_the_server_ends_while_idle_is_closed_at_once
             rows = await lanes.run("get_counts", ["q"])
             assert rows and "waiting" in rows[0]
         assert lanes.open == 2
-    finally:
-        await lanes.close()
-        await connection.close()
 
 
 async def test_a_lane_opened_for_calls_another_lane_took_meanwhile_goes_idle(
@@ -505,12 +504,8 @@ async def test_a_lane_opened_for_calls_another_lane_took_meanwhile_goes_idle(
     lane must go idle: taking a call from the empty queue raised IndexError from the release (into
     a caller whose call had succeeded) and left the lane open but owned by nobody, for good (seen as
     one session too many held by a worker, after a kill of its lanes under load)."""
-    from bullmq_compat._backends.postgres.connection import PostgresConnection
     from bullmq_compat._backends.postgres.lanes import Lanes, _Call
 
-    connection = PostgresConnection(postgres_url, schema=pg_migrated)
-    await connection.connect()
-    lanes = Lanes(connection, 2)
     real_open = Lanes._open_lane
     opening, taken_meanwhile = asyncio.Event(), asyncio.Event()
 
@@ -520,7 +515,7 @@ async def test_a_lane_opened_for_calls_another_lane_took_meanwhile_goes_idle(
         return await real_open(self)
 
     monkeypatch.setattr(Lanes, "_open_lane", slow_open)
-    try:
+    async with lanes_on(postgres_url, pg_migrated, 2) as (connection, lanes):
         reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         lanes._queue.append(_Call("get_counts", ["q"], False, reply))
         draining = asyncio.ensure_future(lanes._drain())  # opens a lane for the queued call
@@ -533,9 +528,6 @@ async def test_a_lane_opened_for_calls_another_lane_took_meanwhile_goes_idle(
         assert len(connection._listeners) == lanes.open
         rows = await lanes.run("get_counts", ["q"])  # the lane serves the next call
         assert rows and "waiting" in rows[0] and lanes.open == 1
-    finally:
-        await lanes.close()
-        await connection.close()
 
 
 async def test_a_started_call_cancelled_at_once_gives_its_lane_back_when_the_answer_comes(
@@ -544,13 +536,7 @@ async def test_a_started_call_cancelled_at_once_gives_its_lane_back_when_the_ans
     before the loop runs again (wait_for, a task group). The lane must be released when the
     server answers: the call's task, cancelled before its first step, never ran its release, and
     the only lane stayed busy for good (the next call waited forever)."""
-    from bullmq_compat._backends.postgres.connection import PostgresConnection
-    from bullmq_compat._backends.postgres.lanes import Lanes
-
-    connection = PostgresConnection(postgres_url, schema=pg_migrated)
-    await connection.connect()
-    lanes = Lanes(connection, 1)
-    try:
+    async with lanes_on(postgres_url, pg_migrated, 1) as (connection, lanes):
         await lanes.run("get_counts", ["q"])  # the one lane, idle, the statement prepared on it
         started = lanes.start("get_counts", ["q"])
         assert started is not None and not lanes._idle
@@ -562,9 +548,6 @@ async def test_a_started_call_cancelled_at_once_gives_its_lane_back_when_the_ans
         assert again is not None
         rows = await asyncio.wait_for(again, 10)
         assert rows and "waiting" in rows[0] and len(lanes._idle) == 1
-    finally:
-        await lanes.close()
-        await connection.close()
 
 
 async def test_a_started_call_whose_session_is_gone_hands_the_queued_calls_to_a_new_lane(
@@ -572,20 +555,15 @@ async def test_a_started_call_whose_session_is_gone_hands_the_queued_calls_to_a_
     """`Lanes.start` on a lane whose session the server ended (not yet seen: the loop has not run
     since), with a call queued behind it: when the answer says the session is lost, the lane is
     discarded and the queued call gets a new lane, as a released lane hands queued calls on."""
-    import time
-
-    from bullmq_compat._backends.postgres.connection import PostgresConnection
-    from bullmq_compat._backends.postgres.lanes import Lanes
-
-    connection = PostgresConnection(postgres_url, schema=pg_migrated)
-    await connection.connect()
-    lanes = Lanes(connection, 1)
-    try:
+    async with lanes_on(postgres_url, pg_migrated, 1) as (connection, lanes):
         await lanes.run("get_counts", ["q"])
         pid = lanes._idle[0].conn.info.backend_pid
         with psycopg.connect(postgres_url, autocommit=True) as admin:  # blocking: the loop does not run
             admin.execute("SELECT pg_terminate_backend(%s)", [pid])
-        time.sleep(0.3)  # the session has ended; the lane has not read it yet
+            deadline = time.monotonic() + 30  # until the session has ended (the lane has not read it)
+            while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone():
+                assert time.monotonic() < deadline, f"session {pid} still there 30 s after its termination"
+                time.sleep(0.01)
         try:
             started = lanes.start("get_counts", ["q"])
             assert started is not None
@@ -598,9 +576,6 @@ async def test_a_started_call_whose_session_is_gone_hands_the_queued_calls_to_a_
         rows = await asyncio.wait_for(queued, 10)
         assert rows and "waiting" in rows[0]
         assert lanes.open == 1 and lanes._idle[0].conn.info.backend_pid != pid
-    finally:
-        await lanes.close()
-        await connection.close()
 
 
 # -- 7. group jobs (our gate, groups_sql/0001_group_gate.sql): SIGKILLs and a restart ------------------------
