@@ -93,6 +93,16 @@ def group_max_size(opts: Mapping[str, Any]) -> Optional[int]:
     return group.get("maxSize") if isinstance(group, Mapping) else None
 
 
+def stored_max_size(opts: Any) -> Optional[int]:
+    """The ``maxSize`` a stored job's options carry (``opts.group.maxSize``: a number >= 1, floored, as
+    the gate reads it, from a Python or a Node producer), None when it carries none."""
+    group = opts.get("group") if isinstance(opts, Mapping) else None
+    value = group.get("maxSize") if isinstance(group, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1:
+        return None
+    return int(min(value, MAX_GROUP_SIZE_LIMIT))
+
+
 def check_order_ms(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < ORDER_MS_LIMIT:
         raise InvalidJobOptions(f"option order_ms={value!r} must be a producer timestamp in ms (a number >= 0 "
@@ -316,10 +326,13 @@ class GroupsMixin:
         return [job for job in jobs if job is not None]
 
     async def get_groups(self, status: Optional[str] = None) -> list[dict[str, Any]]:
-        """Groups with jobs: ``[{"id", "waiting", "running", "paused", "concurrency"}]``; a group with a
-        rate limit in force also has ``"rate_limit"`` (``{"max", "duration"}``, or None when only
-        `Worker.rate_limit_group`'s limit holds it) and ``"rate_limit_ttl"`` (as
-        `get_group_rate_limit_ttl`).
+        """Groups with jobs: ``[{"id", "waiting", "running", "paused", "concurrency"}]``. A group
+        whose jobs not finished yet (held, waiting, delayed or active) include one added with a
+        ``max_size`` also has ``"max_size"``: that of the most recently added such job (the limit is
+        a per-add option: this is the one its producers last gave); ``group.get("max_size")`` is None
+        when none does. A group with a rate limit in force also has ``"rate_limit"`` (``{"max",
+        "duration"}``, or None when only `Worker.rate_limit_group`'s limit holds it) and
+        ``"rate_limit_ttl"`` (as `get_group_rate_limit_ttl`).
 
         ``status``: None (all), "waiting" (has held jobs), "running" (has released jobs) or "paused".
         """

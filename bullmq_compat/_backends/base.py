@@ -305,8 +305,10 @@ class GroupGate(abc.ABC):
     @abc.abstractmethod
     async def list(self) -> list[dict[str, Any]]:
         """Every group with jobs (or paused): ``{"id", "waiting", "running", "paused", "concurrency"}``,
-        by id; one with a rate limit in force also ``"rate_limit"`` (``{"max", "duration"}``, None for
-        a manual limit alone) and ``"rate_limit_ttl"`` (ms)."""
+        by id; one whose jobs not finished yet include one with a maxSize also ``"max_size"``
+        (`stored_max_size` of the most recently added such job); one with a rate limit in force also
+        ``"rate_limit"`` (``{"max", "duration"}``, None for a manual limit alone) and
+        ``"rate_limit_ttl"`` (ms)."""
 
     @abc.abstractmethod
     async def delete_held(self, gid: str) -> int:

@@ -272,6 +272,10 @@ class PostgresGroups(GroupGate):
         result = await self._call("SELECT * FROM bullmq_compat_list_groups($1)", [self.backend.name])
         groups = [{"id": row["gid"], "waiting": int(row["waiting"]), "running": int(row["running"]),
                    "paused": bool(row["paused"]), "concurrency": int(row["concurrency"])} for row in result.rows]
+        max_sizes = await self._max_sizes() if groups else {}
+        for group in groups:  # (only where a job carries one: the other fields' shape is unchanged)
+            if group["id"] in max_sizes:
+                group["max_size"] = max_sizes[group["id"]]
         if groups and getattr(self.backend.connection, "groups_version", 0) >= RATE_LIMIT_VERSION:
             rates = await self.backend.connection.execute("SELECT * FROM bullmq_compat_list_group_rates($1, $2)",
                                                           [self.backend.name, _now()])
@@ -283,6 +287,24 @@ class PostgresGroups(GroupGate):
                                            {"max": int(row["rate_max"]), "duration": int(row["rate_duration_ms"])})
                     group["rate_limit_ttl"] = max(0, int(row["ttl"] or 0))
         return groups
+
+    #: per group, the maxSize of its most recently added job not finished yet (held, or released:
+    #: as bullmq_compat_list_groups counts them) that carries one (as bullmq_compat_max_size reads it,
+    #: written out: a schema of version 1 has no such function). Derived from the jobs, in a query of
+    #: ours rather than a migration; ties in add time go by sequence (a released job's is renewed).
+    _MAX_SIZES = """
+        SELECT DISTINCT ON (bullmq_compat_gid(opts)) bullmq_compat_gid(opts) AS gid,
+               LEAST(floor((opts -> 'group' ->> 'maxSize')::numeric), 9007199254740991)::bigint AS max_size
+          FROM job
+         WHERE queue = $1 AND opts ? 'group'
+           AND (state IN ('waiting', 'active', 'delayed') OR (state = 'waiting-children' AND pending_deps = 0))
+           AND CASE WHEN jsonb_typeof(opts -> 'group' -> 'maxSize') = 'number'
+                    THEN (opts -> 'group' ->> 'maxSize')::numeric >= 1 ELSE false END
+         ORDER BY bullmq_compat_gid(opts), added_at_ms DESC, abs(seq) DESC"""
+
+    async def _max_sizes(self) -> dict[str, int]:
+        result = await self.backend.connection.execute(self._MAX_SIZES, [self.backend.name])
+        return {row["gid"]: int(row["max_size"]) for row in result.rows if row["gid"] is not None}
 
     async def delete_held(self, gid: str) -> int:
         result = await self._call("SELECT bullmq_compat_delete_group_jobs($1, $2) AS n", [self.backend.name, gid])

@@ -12,6 +12,7 @@ idempotent, and safety never depends on the keeper: without one, held jobs only 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from typing import TYPE_CHECKING, Any, Optional, Sequence
@@ -22,7 +23,7 @@ from bullmq_compat._backends.base import GroupGate
 from bullmq_compat._backends.redis.keys import QueueKeys
 from bullmq_compat._backends.redis.lua import Script, own_script
 from bullmq_compat._errors import InvalidArgument, script_error
-from bullmq_compat._groups import held_priority_refusal
+from bullmq_compat._groups import held_priority_refusal, stored_max_size
 from bullmq_compat._wire import codec
 
 if TYPE_CHECKING:
@@ -512,7 +513,8 @@ class RedisGroups(GroupGate):
         return sum(1 for pos in await pipe.execute() if pos is not None)
 
     async def list(self) -> list[dict[str, Any]]:
-        """Every group with jobs: ``{"id", "waiting", "running", "paused", "concurrency"}``, by id."""
+        """Every group with jobs: ``{"id", "waiting", "running", "paused", "concurrency"}``, by id (and
+        the ``max_size`` and rate-limit fields of `GroupGate.list`)."""
         b = self.backend
         base = b.keys.prefix_key
         gids = set(codec.to_str(await b.client.smembers(base + "grp:index")))
@@ -540,7 +542,66 @@ class RedisGroups(GroupGate):
         for group in groups:  # the ttl of a limit by count needs the group's starts: one script call each
             if group.get("rate_limit") is not None:
                 group["rate_limit_ttl"] = await self.rate_limit_ttl(group["id"])
+        max_sizes = await self._max_sizes(ordered)
+        for group in groups:  # (only where a job carries one: the other fields' shape is unchanged)
+            if group["id"] in max_sizes:
+                group["max_size"] = max_sizes[group["id"]]
         return groups
+
+    #: held entries of a group whose options one round of `_max_sizes` reads
+    MAX_SIZE_BATCH = 64
+
+    async def _max_sizes(self, gids: Sequence[str]) -> dict[str, Optional[int]]:
+        """Per group, `stored_max_size` of its most recently added job (highest add sequence, "gseq")
+        that is still in the queue and not finished -- held, or released (``grp:run``) -- and carries
+        one. Derived from the jobs: the add path writes nothing for it. The group's held entries are
+        read newest first, ``MAX_SIZE_BATCH`` jobs' options a round trip, until one carries a maxSize
+        (usually the first round: producers that cap a group cap every add)."""
+        b = self.backend
+        base = b.keys.prefix_key
+        if not gids:
+            return {}
+        pipe = b.client.pipeline(transaction=False)
+        for gid in gids:
+            pipe.zrange(base + "grp:held:" + gid, 0, -1)
+            pipe.smembers(base + "grp:run:" + gid)
+        replies = await pipe.execute()
+        # per group: its held entries (seq, job id), newest first; its released jobs (at most its concurrency)
+        pending: dict[str, list[tuple[str, str]]] = {}
+        released: dict[str, list[str]] = {}
+        for i, gid in enumerate(gids):
+            members = [codec.to_str(m) for m in replies[2 * i]]
+            pending[gid] = sorted(((m[:GROUP_SEQ_DIGITS], held_job_id(m)) for m in members), reverse=True)
+            released[gid] = [codec.to_str(m) for m in replies[2 * i + 1]]
+        best: dict[str, tuple[str, int]] = {}  # gid -> (seq, maxSize) of the newest job seen with one
+        first = True
+        while True:
+            wanted: list[tuple[str, Optional[str], str]] = []  # (gid, seq the entry names or None, job id)
+            for gid in gids:
+                if first:
+                    wanted.extend((gid, None, job_id) for job_id in released[gid])
+                batch, pending[gid] = pending[gid][:self.MAX_SIZE_BATCH], pending[gid][self.MAX_SIZE_BATCH:]
+                wanted.extend((gid, seq, job_id) for seq, job_id in batch)
+            first = False
+            if not wanted:
+                break
+            pipe = b.client.pipeline(transaction=False)
+            for _, _, job_id in wanted:
+                pipe.hmget(base + job_id, "gid", "gseq", "finishedOn", "opts")
+            for (gid, seq, _), fields in zip(wanted, await pipe.execute()):
+                job_gid, gseq, finished_on, raw_opts = codec.to_str(fields)
+                if job_gid != gid or not gseq or finished_on or (seq is not None and gseq != seq):
+                    continue  # gone, finished, or another job that reuses a removed one's custom id
+                try:
+                    max_size = stored_max_size(json.loads(raw_opts)) if raw_opts else None
+                except ValueError:
+                    max_size = None
+                if max_size is not None and (gid not in best or gseq > best[gid][0]):
+                    best[gid] = (gseq, max_size)
+            for gid in gids:  # done with a group once no entry left to read is newer than its best
+                if pending[gid] and gid in best and pending[gid][0][0] < best[gid][0]:
+                    pending[gid] = []
+        return {gid: found[1] for gid, found in best.items()}
 
     async def sweep(self) -> int:
         return await GroupKeeper.for_queue(self.backend).sweep()
