@@ -21,7 +21,11 @@
 //   {"id", "op": "publishLoop", "topic", "intervalMs"}  -> true; then publishes {"n": 1, 2, ...}
 //                                                      every intervalMs (a failed publish is counted
 //                                                      and retried with the next number)
-//   {"id", "op": "stopLoop"}                        -> {sent, failed}
+//   {"id", "op": "loopState"}                       -> {n, sent, failed, routed}: the number of the
+//                                                      publish under way (or last made), and how many
+//                                                      were routed (endpoints >= 1) so far
+//   {"id", "op": "stopLoop", "detail"?}             -> {sent, failed} (+ "routed": the numbers routed,
+//                                                      in order, with "detail": true)
 //   {"id", "op": "close"}                           -> true, then exits 0
 //
 // The relay's events are printed as {"event": "swept", "ids"}, {"event": "recovered"},
@@ -93,13 +97,14 @@ async function main() {
         return relay.getNodeConnections(cmd.nodeId);
       case 'publishLoop': {
         if (loop) throw new Error('a loop runs already');
-        const state = { sent: 0, failed: 0, n: 0, stop: false };
+        const state = { sent: 0, failed: 0, n: 0, routed: [], stop: false };
         state.done = (async () => {
           while (!state.stop) {
             state.n += 1;
             try {
-              await relay.publish(cmd.topic, { n: state.n });
+              const result = await relay.publish(cmd.topic, { n: state.n });
               state.sent += 1;
+              if (result.endpoints >= 1) state.routed.push(state.n);
             } catch (err) {
               state.failed += 1;
             }
@@ -109,13 +114,17 @@ async function main() {
         loop = state;
         return true;
       }
+      case 'loopState': {
+        if (!loop) throw new Error('no loop runs');
+        return { n: loop.n, sent: loop.sent, failed: loop.failed, routed: loop.routed.length };
+      }
       case 'stopLoop': {
         if (!loop) throw new Error('no loop runs');
         loop.stop = true;
         await loop.done;
-        const { sent, failed } = loop;
+        const { sent, failed, routed } = loop;
         loop = null;
-        return { sent, failed };
+        return cmd.detail ? { sent, failed, routed } : { sent, failed };
       }
       case 'close':
         if (loop) {

@@ -14,6 +14,15 @@
 //   {"id", "op": "publish", "topic", "data", "retain"?} -> Node's publish result
 //   {"id", "op": "deleteRetained", "topic"}     -> boolean
 //   {"id", "op": "getters"}                     -> {counts, nodes, subscriptions, patterns, retained}
+//   {"id", "op": "getNodes"}                    -> Node's getNodes()
+//   {"id", "op": "publishLoop", "topic", "intervalMs"} -> true; then publishes {"n": 1, 2, ...} every
+//                                                 intervalMs (a failed publish is counted, and the
+//                                                 next one has the next number)
+//   {"id", "op": "loopState"}                   -> {n, sent, failed, routed}: the number of the publish
+//                                                 under way (or last made), and how many were routed
+//                                                 (endpoints >= 1) so far
+//   {"id", "op": "stopLoop", "detail"?}         -> {sent, failed} (+ "routed": the numbers routed, in
+//                                                 order, with "detail": true)
 //   {"id", "op": "close"}                       -> closes the relay (unregisters) and exits
 // End of stdin or SIGTERM closes the relay too; SIGKILL leaves its registration to be swept.
 
@@ -42,9 +51,11 @@ async function main() {
   out({ ready: true, nodeId: relay.nodeId, pid: process.pid });
 
   const subscriptions = new Map();
+  let loop = null;
   let closing;
   const close = () => {
     if (!closing) {
+      if (loop) loop.stop = true;
       closing = relay
         .close()
         .then(() => connection.quit())
@@ -73,6 +84,41 @@ async function main() {
     },
     deleteRetained({ topic }) {
       return relay.deleteRetained(topic);
+    },
+    getNodes() {
+      return relay.getNodes();
+    },
+    publishLoop({ topic, intervalMs }) {
+      if (loop) throw new Error('a loop runs already');
+      const state = { n: 0, sent: 0, failed: 0, routed: [], stop: false };
+      state.done = (async () => {
+        while (!state.stop) {
+          state.n += 1;
+          try {
+            const result = await relay.publish(topic, { n: state.n });
+            state.sent += 1;
+            if (result.endpoints >= 1) state.routed.push(state.n);
+          } catch (err) {
+            state.failed += 1;
+          }
+          await new Promise(resolve => setTimeout(resolve, intervalMs || 100));
+        }
+      })();
+      loop = state;
+      return true;
+    },
+    loopState() {
+      if (!loop) throw new Error('no loop runs');
+      return { n: loop.n, sent: loop.sent, failed: loop.failed, routed: loop.routed.length };
+    },
+    async stopLoop({ detail }) {
+      if (!loop) throw new Error('no loop runs');
+      const state = loop;
+      state.stop = true;
+      await state.done;
+      loop = null;
+      return detail ? { sent: state.sent, failed: state.failed, routed: state.routed }
+        : { sent: state.sent, failed: state.failed };
     },
     async getters() {
       return {

@@ -1,6 +1,6 @@
-"""A relay node in a subprocess (Node's interop/relay.js or our tests/relay_proc.py), driven by
-JSON lines: `RelayProc.call` sends a command and waits for its answer, `RelayProc.wait_event`
-waits for an event line (messages, 'swept', 'recovered', 'lag')."""
+"""A relay node in a subprocess (Node's interop/relay.js or interop/pg_relay.js, or our
+tests/relay_proc.py), driven by JSON lines: `RelayProc.call` sends a command and waits for its
+answer, `RelayProc.wait_event` waits for an event line (messages, 'swept', 'recovered', 'lag')."""
 from __future__ import annotations
 
 import asyncio
@@ -37,6 +37,14 @@ class RelayProc:
         """Node's Relay (options in Node's names: nodeId, leaseDuration...)."""
         return cls([_node_binary(), str(ROOT / "interop" / "relay.js"), "node", redis_url, namespace,
                     json.dumps(options)])
+
+    @classmethod
+    def node_pg(cls, postgres_url: str, schema: str, namespace: str, **options: Any) -> "RelayProc":
+        """Node's Relay on its PostgreSQL backend (interop/pg_relay.js; options in Node's names, those
+        pg_relay.js passes on). Its message events name the pattern as ``pattern``, not ``sub``:
+        `messages` reads either."""
+        args = {"postgres": postgres_url, "schema": schema, "namespace": namespace, **options}
+        return cls([_node_binary(), str(ROOT / "interop" / "pg_relay.js"), json.dumps(args)], ready_timeout=60.0)
 
     @classmethod
     def python(cls, redis_url: str, namespace: str, **options: Any) -> "RelayProc":
@@ -111,7 +119,8 @@ class RelayProc:
         return answer["result"]
 
     def messages(self, sub: Optional[str] = None) -> list[dict[str, Any]]:
-        return [e["message"] for e in self.events if e.get("event") == "message" and (sub is None or e["sub"] == sub)]
+        return [e["message"] for e in self.events
+                if e.get("event") == "message" and (sub is None or e.get("sub", e.get("pattern")) == sub)]
 
     async def wait_event(self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 30.0,
                          what: str = "event") -> dict[str, Any]:
