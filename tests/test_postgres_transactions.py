@@ -603,9 +603,13 @@ async def _finished(queue: Queue, n: int) -> bool:
 
 async def test_a_lost_lock_refuses_the_late_completion_and_rolls_its_writes_back(
         postgres_url: str, pg_migrated: str, effects: str, queue_name: str) -> None:
-    """Worker A (no lock renewal, 1 s lock) runs the job for 4 s; worker B's stalled check takes it
-    back and B completes it; A's completion is refused by upstream's token check: A's row is gone."""
+    """Worker A (no lock renewal, 1 s lock) runs the job until worker B's stalled check has taken it
+    back and B runs it; A then completes while B holds the lock under its own token: upstream's token
+    check refuses it (`JobLockMismatch`, code -6) and A's row is gone; B completes after that."""
+    from bullmq_compat import JobLockMismatch
+
     released = asyncio.Event()
+    refused = asyncio.Event()
     errors: list[BaseException] = []
 
     async def slow(job: Job) -> Any:
@@ -616,12 +620,15 @@ async def test_a_lost_lock_refuses_the_late_completion_and_rolls_its_writes_back
     async def quick(job: Job) -> Any:
         await job.transaction.execute(f"INSERT INTO {effects} VALUES (%s, 1, 2)", [job.id])
         released.set()
+        # A completes while this run holds the lock (had B completed first, A's refusal would be -3,
+        # the job no longer active)
+        await asyncio.wait_for(refused.wait(), 60)
         return "on time"
 
     queue = Queue(queue_name, connection=postgres_url, schema=pg_migrated)
     a = Worker(queue_name, slow, connection=postgres_url, schema=pg_migrated, transactional=True,
                lock_duration=1000, skip_lock_renewal=True, skip_stalled_check=True, drain_delay=1)
-    a.on("error", errors.append)
+    a.on("error", lambda err: (errors.append(err), refused.set()))
     b = Worker(queue_name, quick, connection=postgres_url, schema=pg_migrated, transactional=True,
                stalled_interval=300, drain_delay=1)
     job = await queue.add("j", {}, job_id="lost")
@@ -637,10 +644,12 @@ async def test_a_lost_lock_refuses_the_late_completion_and_rolls_its_writes_back
         assert await count(postgres_url, f"SELECT count(*) FROM {effects} WHERE pid = 1", []) == 0
         assert await count(postgres_url, f"SELECT count(*) FROM {effects} WHERE pid = 2", []) == 1
         print(f"worker A's refused completion: {errors[0]!r}")
-        from bullmq_compat import ScriptError
-        assert isinstance(errors[0], ScriptError), errors[0]
+        assert len(errors) == 1 and isinstance(errors[0], JobLockMismatch), errors
+        assert errors[0].code == -6 and errors[0].job_id == "lost", errors[0]
+        assert str(errors[0]).startswith("Lock mismatch for job lost."), errors[0]
     finally:
         released.set()
+        refused.set()
         await a.close()
         await b.close()
         await queue.close()
