@@ -74,8 +74,12 @@ valkey: .valkey/.installed
 	$(PY) scripts/fetch_valkey.py $(CURDIR)/.valkey
 
 # the interop (Redis) and reliability modules, run again by `make test` with Valkey as the suite's Redis
+# (test_faults_partition.py: its Redis half only; the PostgreSQL half starts no Redis, so on Valkey it
+# would only run the same PostgreSQL test twice)
 VALKEY_TESTS := $(filter-out tests/test_interop_pg_%,$(wildcard tests/test_interop_*.py)) \
-	tests/test_redis_faults.py tests/test_worker_resilience.py tests/test_chaos.py tests/test_acl.py
+	tests/test_redis_faults.py tests/test_worker_resilience.py tests/test_chaos.py tests/test_acl.py \
+	tests/test_leaks.py tests/test_faults_memory.py \
+	tests/test_faults_partition.py::test_redis_partition_longer_than_the_lock
 
 # the suite runs in TEST_WORKERS pytest-xdist processes (most tests wait on I/O, sleeps and subprocesses,
 # so more workers than cores pay); TEST_WORKERS=0 runs it in this process. See tests/README.md.

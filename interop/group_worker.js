@@ -11,9 +11,11 @@
 // The handler of a job with data {g, s, sleepMs, fail, failTimes} records its run in Redis,
 // exactly as tests/group_helpers.py's Python processor does:
 //   INCR  <rec>:run:<g>            at start (the reply, n, is how many of g's jobs run now)
-//   RPUSH <rec>:starts {g,s,id,t0,n,w:"node",pid,p}   at start (p: job.processedOn)
+//   RPUSH <rec>:starts {g,s,id,a,t0,w:"node",pid,p}   at start (p: job.processedOn)
 //   ...sleep sleepMs...
-//   DECR  <rec>:run:<g>  and  RPUSH <rec> {g,s,id,t0,t1,n,w:"node",pid}   at the end
+//   DECR  <rec>:run:<g>  and  RPUSH <rec> {g,s,id,a,t0,t1,n,w:"node",pid}   at the end
+// (a: the attempt, attemptsMade + 1; pid: this process, so a test that SIGKILLs it can tell which
+// repeated runs the kill explains)
 // then throws when data.fail (UnrecoverableError: fails for good) or while
 // attemptsMade < data.failTimes. Times are Date.now() (whole ms, the wall clock).
 //
@@ -37,17 +39,18 @@ async function main() {
   async function handler(job) {
     const data = job.data || {};
     const g = data.g;
+    const a = job.attemptsMade + 1;
     const t0 = Date.now();
     const [[, n]] = await recorder.multi()
       .incr(`${rec}:run:${g}`)
-      .rpush(`${rec}:starts`, JSON.stringify({ g, s: data.s, id: job.id, t0, w: 'node', pid: process.pid,
+      .rpush(`${rec}:starts`, JSON.stringify({ g, s: data.s, id: job.id, a, t0, w: 'node', pid: process.pid,
         p: job.processedOn }))
       .exec();
     if (data.sleepMs) await sleep(data.sleepMs);
     const t1 = Date.now();
     await recorder.multi()
       .decr(`${rec}:run:${g}`)
-      .rpush(rec, JSON.stringify({ g, s: data.s, id: job.id, t0, t1, n, w: 'node', pid: process.pid }))
+      .rpush(rec, JSON.stringify({ g, s: data.s, id: job.id, a, t0, t1, n, w: 'node', pid: process.pid }))
       .exec();
     processed += 1;
     if (data.fail) throw new UnrecoverableError(String(data.fail));

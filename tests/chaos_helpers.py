@@ -4,6 +4,8 @@ Jobs follow a *plan* the test decides up front (``job.data["plan"]``, see tests/
 "ok", "retry" (fails attempt 1, then succeeds), "always" (fails every attempt) or "fatal"
 (UnrecoverableError). Handlers record every run in Redis; `check_runs` checks the records
 against what the plan says and against the kills the test made, and returns the figures.
+`judge_repeats`, its part that decides what explains a repeated run, also judges the group
+SIGKILL tests' records (`check_group_kills`, tests/group_helpers.py's records).
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import redis.asyncio as aioredis
 
 from tests._redis_server import RedisServer
 from tests.chaos_worker_proc import ALWAYS_REASON, FATAL_REASON
-from tests.group_helpers import Proc
+from tests.group_helpers import Proc, check_groups
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -209,6 +211,127 @@ class Figures:
                 f"seconds={self.seconds:.1f}")
 
 
+#: one run of a job: (t0, t1, attempt, pid, ended); a run cut short by a kill ends at the kill
+Run = tuple[int, int, int, int, bool]
+
+
+@dataclass
+class Repeats:
+    """What `judge_repeats` found in the records of one soak."""
+
+    starts: list[dict[str, Any]]            # the start records, each run once
+    runs: dict[str, list[Run]]              # job id -> its runs, in start order
+    may_overlap: set[str]                   # jobs whose lock was lost (a fault, may_repeat, a live worker)
+    killed_runs: int = 0                    # runs cut short by a kill (started, never ended)
+    duplicates: int = 0                     # extra starts of the same (job, attempt)
+    lock_lost: int = 0                      # duplicates of a run whose live worker lost its lock
+    lock_lost_runs: list[str] = field(default_factory=list)
+
+
+def judge_repeats(starts: Sequence[Mapping[str, Any]], ends: Sequence[Mapping[str, Any]], kills: Mapping[int, int],
+                  events: Mapping[str, Any], *, windows: Sequence[tuple[int, int]] = (),
+                  may_repeat: Iterable[str] = (), fins: Sequence[Mapping[str, Any]] = (),
+                  lags: Sequence[Mapping[str, Any]] = ()) -> Repeats:
+    """Judge every repeated run; assert none is unexplained and no job ran twice at once.
+
+    ``starts``/``ends``: {"id", "a", "pid", "t0"} (+ "t1" in ends) of every run, as the soaks'
+    workers record them (tests/chaos_worker_proc.py; the group tests' records, tests/group_helpers.py,
+    have the same fields); a run that never ended must be of a killed process (``kills``: pid -> ms,
+    read just before the SIGKILL). ``fins``: the runs whose finish the datastore acknowledged.
+    ``events``: "stalled" (job id -> count) and "stalled_at" (job id -> ms), as `finish_events`.
+    A repeated start of the same (job, attempt) is a *duplicate*; the earlier run it repeats is
+
+    - **explained by a kill** only if its process was SIGKILLed after the run started (or, for a
+      run it never ended, at most KILL_SLACK_MS before) and before the repeat started; the run's
+      finish was never acknowledged (no ``fins`` record; with no ``fins`` at all, its end was less
+      than KILL_WINDOW_MS before the kill); and, where the stalled events have their times, the job
+      had no ``stalled`` event between the run's start and the kill (one before it: the lock was
+      already lost while the process lived);
+    - explained by a fault: in flight during a fault window (``windows``: (start, end) ms — Redis
+      down, connections killed), or a job in ``may_repeat`` (e.g. active when CLIENT PAUSE began);
+    - else a **lock lost by a live worker**, if the job has a ``stalled`` event between the two
+      starts (a stalled count alone if no times): counted in ``lock_lost``, each printed with its
+      stalled events and the worker's event-loop lag then (``lags``: {"pid", "t", "lag"} records of
+      lags of the worker processes);
+    - else **unexplained**: the assertion fails.
+
+    No job runs twice at once, checked for every job, except a job whose lock was lost (by a fault
+    or a live worker): that is the only overlap at-least-once permits.
+    """
+    may_repeat = set(may_repeat)
+    finished = {(e["id"], e["a"], e["pid"], e["t0"]): e for e in ends}
+    acked = {(f["id"], f["a"], f["pid"], f["t0"]) for f in fins}
+    # a record written twice (its reply lost, the write retried) is one run
+    unique = list({(st["id"], st["a"], st["pid"], st["t0"]): st for st in starts}.values())
+    out = Repeats(starts=unique, runs=defaultdict(list), may_overlap=set(may_repeat))
+    runs = out.runs
+    for st in unique:
+        end = finished.get((st["id"], st["a"], st["pid"], st["t0"]))
+        if end is not None:
+            t1, ended = end["t1"], True
+        else:
+            assert st["pid"] in kills, f"a run started and never ended, and its process was not killed: {st}"
+            t1, ended = kills[st["pid"]], False
+            out.killed_runs += 1
+        runs[st["id"]].append((st["t0"], t1, st["a"], st["pid"], ended))
+    stalled_at: Mapping[str, Sequence[int]] = events.get("stalled_at") or {}
+
+    def by_kill(job_id: str, run: Run, next_t0: int) -> bool:
+        t0, t1, attempt, pid, ended = run
+        if pid not in kills or not kills[pid] <= next_t0:
+            return False
+        # the kill's time is read just before the signal is sent, and the process runs on until it
+        # lands: a run it started in that moment, and never ended, was cut by the kill all the same
+        if t0 > kills[pid] and (ended or t0 - kills[pid] > KILL_SLACK_MS):
+            return False
+        # stalled while its process still lived: the kill came after the lock was lost
+        if any(t0 <= t < kills[pid] for t in stalled_at.get(job_id, ())):
+            return False
+        if fins:
+            return (job_id, attempt, pid, t0) not in acked
+        return not ended or kills[pid] - t1 < KILL_WINDOW_MS
+
+    def by_window(t0: int, t1: int) -> bool:
+        return any(t0 <= w1 and t1 >= w0 - KILL_WINDOW_MS for w0, w1 in windows)
+
+    def lag_of(pid: int, t0: int, t1: int) -> str:
+        seen = [rec["lag"] for rec in lags if rec["pid"] == pid and t0 <= rec["t"] <= t1]
+        return f"max event-loop lag {max(seen)} ms" if seen else "no event-loop lag recorded"
+
+    unexplained = []
+    for job_id, job_runs in runs.items():
+        job_runs.sort()
+        if any(by_window(t0, t1) for t0, t1, *_ in job_runs):
+            out.may_overlap.add(job_id)
+        per_attempt: dict[int, list[Run]] = defaultdict(list)
+        for run in job_runs:
+            per_attempt[run[2]].append(run)
+        for attempt, same in per_attempt.items():
+            out.duplicates += len(same) - 1
+            for run, after in zip(same, same[1:]):
+                t0, t1, _a, pid, _ended = run
+                if job_id in may_repeat or by_kill(job_id, run, after[0]) or by_window(t0, t1):
+                    continue
+                stalls = [t for t in stalled_at.get(job_id, ()) if t0 <= t <= after[0]]
+                if stalls or (not stalled_at and events["stalled"][job_id]):
+                    out.lock_lost += 1
+                    out.may_overlap.add(job_id)
+                    out.lock_lost_runs.append(
+                        f"job {job_id} attempt {attempt}: run {t0}-{t1} in pid {pid} "
+                        f"({'killed at ' + str(kills[pid]) if pid in kills else 'not killed'}), repeated at "
+                        f"{after[0]} in pid {after[3]}; stalled events at {stalls or 'unknown times'}; "
+                        f"{lag_of(pid, t0 - 1000, after[0])}")
+                else:
+                    unexplained.append((job_id, attempt, same))
+        if job_id not in out.may_overlap:
+            for (a0, a1, *_), (b0, b1, *_) in zip(job_runs, job_runs[1:]):
+                assert b0 >= a1, f"job {job_id} ran twice at once: {job_runs}"
+    assert not unexplained, f"{len(unexplained)} repeated runs not explained by a kill, a fault or a lost lock " \
+        f"(no stalled event): {unexplained[:5]}"
+    out.runs = dict(runs)
+    return out
+
+
 def check_runs(plan: Plan, states: Mapping[str, Mapping[str, Any]], starts: list[dict[str, Any]],
                ends: list[dict[str, Any]], kills: Mapping[int, int], events: Mapping[str, Mapping[str, Any]], *,
                windows: Sequence[tuple[int, int]] = (), may_repeat: Iterable[str] = (),
@@ -216,30 +339,15 @@ def check_runs(plan: Plan, states: Mapping[str, Mapping[str, Any]], starts: list
     """Assert every invariant over one run; returns its figures.
 
     Records (see tests/chaos_worker_proc.py): ``starts`` and ``ends`` of every handler run, and
-    ``fins``, one per run whose finish (moveToFinished) the datastore acknowledged. A repeated start
-    of the same (job, attempt) is a *duplicate*; the earlier run it repeats is
-
-    - **explained by a kill** only if its process was SIGKILLed (``kills``: pid -> ms) after the run
-      started (or, for a run it never ended, at most KILL_SLACK_MS before) and before the repeat
-      started, and the run's finish was never acknowledged (no
-      ``fins`` record; with no ``fins`` at all, its end was less than KILL_WINDOW_MS before the kill);
-    - explained by a fault: in flight during a fault window (``windows``: (start, end) ms — Redis
-      down, connections killed), or a job in ``may_repeat`` (e.g. active when CLIENT PAUSE began);
-    - else a **lock lost by a live worker**, if the job has a ``stalled`` event between the two
-      starts (``events["stalled_at"]``: job id -> ms; a stalled count alone if no times): counted in
-      ``lock_lost``, each printed with its stalled events and the worker's event-loop lag then
-      (``lags``: {"pid", "t", "lag"} records of lags of the worker processes);
-    - else **unexplained**: the assertion fails.
-
-    No job runs twice at once, checked for every job, except a job whose lock was lost (by a fault
-    or a live worker): that is the only overlap at-least-once permits. No two jobs of a group run
-    at once, except around those same jobs. Whether a lost lock fails the test is the caller's
-    decision (``figures.lock_lost``).
+    ``fins``, one per run whose finish (moveToFinished) the datastore acknowledged. Every job ended
+    as its handler decided, once; its repeated runs are judged by `judge_repeats` (what explains
+    one, what may overlap); no two jobs of a group run at once, except around a job whose lock was
+    lost, and each group started in add order. Whether a lost lock fails the test is the caller's
+    decision (``figures.lock_lost``, `judge_lock_lost`).
     """
     figures = Figures(jobs=len(plan.ids), grouped=sum(plan.groups.values()), groups=len(plan.groups),
                       kills=len(kills))
     by_id = {job_id: plan.spec(i) for i, job_id in enumerate(plan.ids)}
-    may_repeat = set(may_repeat)
 
     # 1. every job ended as its handler decided, once
     wrong = []
@@ -268,80 +376,17 @@ def check_runs(plan: Plan, states: Mapping[str, Mapping[str, Any]], starts: list
     assert not wrong, f"{len(wrong)} jobs ended otherwise than their handler decided (or not once): {wrong[:10]}"
 
     # 2. runs: intervals (a run cut short by a kill ends at the kill), duplicates and their causes
-    finished = {(e["id"], e["a"], e["pid"], e["t0"]): e for e in ends}
-    acked = {(f["id"], f["a"], f["pid"], f["t0"]) for f in fins}
-    # a record written twice (its reply lost, the write retried) is one run
-    starts = list({(st["id"], st["a"], st["pid"], st["t0"]): st for st in starts}.values())
-    figures.starts = len(starts)
-    runs: dict[str, list[tuple[int, int, int, int, bool]]] = defaultdict(list)  # id -> (t0, t1, a, pid, ended)
-    for st in starts:
-        end = finished.get((st["id"], st["a"], st["pid"], st["t0"]))
-        if end is not None:
-            t1, ended = end["t1"], True
-        else:
-            assert st["pid"] in kills, f"a run started and never ended, and its process was not killed: {st}"
-            t1, ended = kills[st["pid"]], False
-            figures.killed_runs += 1
-        runs[st["id"]].append((st["t0"], t1, st["a"], st["pid"], ended))
+    repeats = judge_repeats(starts, ends, kills, events, windows=windows, may_repeat=may_repeat, fins=fins, lags=lags)
+    runs, lock_lost = repeats.runs, repeats.may_overlap
     assert set(runs) == set(by_id), f"jobs never started: {sorted(set(by_id) - set(runs))[:10]}"
-    stalled_at: Mapping[str, Sequence[int]] = events.get("stalled_at") or {}
-
-    def by_kill(job_id: str, run: tuple[int, int, int, int, bool], next_t0: int) -> bool:
-        t0, t1, attempt, pid, ended = run
-        if pid not in kills or not kills[pid] <= next_t0:
-            return False
-        # the kill's time is read just before the signal is sent, and the process runs on until it
-        # lands: a run it started in that moment, and never ended, was cut by the kill all the same
-        if t0 > kills[pid] and (ended or t0 - kills[pid] > KILL_SLACK_MS):
-            return False
-        if fins:
-            return (job_id, attempt, pid, t0) not in acked
-        return not ended or kills[pid] - t1 < KILL_WINDOW_MS
-
-    def by_window(t0: int, t1: int) -> bool:
-        return any(t0 <= w1 and t1 >= w0 - KILL_WINDOW_MS for w0, w1 in windows)
-
-    def lag_of(pid: int, t0: int, t1: int) -> str:
-        seen = [rec["lag"] for rec in lags if rec["pid"] == pid and t0 <= rec["t"] <= t1]
-        return f"max event-loop lag {max(seen)} ms" if seen else "no event-loop lag recorded"
-
-    unexplained = []
-    lock_lost: set[str] = set(may_repeat)  # jobs that may have run twice at once
-    for job_id, job_runs in runs.items():
-        job_runs.sort()
-        if any(by_window(t0, t1) for t0, t1, *_ in job_runs):
-            lock_lost.add(job_id)
-        per_attempt: dict[int, list[tuple[int, int, int, int, bool]]] = defaultdict(list)
-        for run in job_runs:
-            per_attempt[run[2]].append(run)
-        for attempt, same in per_attempt.items():
-            figures.duplicates += len(same) - 1
-            for run, after in zip(same, same[1:]):
-                t0, t1, _a, pid, _ended = run
-                if job_id in may_repeat or by_kill(job_id, run, after[0]) or by_window(t0, t1):
-                    continue
-                stalls = [t for t in stalled_at.get(job_id, ()) if t0 <= t <= after[0]]
-                if stalls or (not stalled_at and events["stalled"][job_id]):
-                    figures.lock_lost += 1
-                    lock_lost.add(job_id)
-                    figures.lock_lost_runs.append(
-                        f"job {job_id} attempt {attempt}: run {t0}-{t1} in pid {pid} "
-                        f"({'killed at ' + str(kills[pid]) if pid in kills else 'not killed'}), repeated at "
-                        f"{after[0]} in pid {after[3]}; stalled events at {stalls or 'unknown times'}; "
-                        f"{lag_of(pid, t0 - 1000, after[0])}")
-                else:
-                    unexplained.append((job_id, attempt, same))
-        if job_id not in lock_lost:
-            for (a0, a1, *_), (b0, b1, *_) in zip(job_runs, job_runs[1:]):
-                assert b0 >= a1, f"job {job_id} ran twice at once: {job_runs}"
-    figures.unexplained = len(unexplained)
-    assert not unexplained, f"{len(unexplained)} repeated runs not explained by a kill, a fault or a lost lock " \
-        f"(no stalled event): {unexplained[:5]}"
+    figures.starts, figures.killed_runs, figures.duplicates = len(repeats.starts), repeats.killed_runs, \
+        repeats.duplicates
+    figures.lock_lost, figures.lock_lost_runs = repeats.lock_lost, repeats.lock_lost_runs
 
     # 3. groups: in order, one at a time, every job run
     group_starts: dict[str, list[int]] = defaultdict(list)
     group_runs: dict[str, list[tuple[int, int, int, str]]] = defaultdict(list)
-    for st in starts:
+    for st in repeats.starts:
         if st.get("g") is not None:
             group_starts[st["g"]].append(st["s"])
     for job_id, job_runs in runs.items():
@@ -358,6 +403,29 @@ def check_runs(plan: Plan, states: Mapping[str, Mapping[str, Any]], starts: list
             if ida not in lock_lost and idb not in lock_lost:
                 assert b0 >= a1, f"group {g}: job {sb} started at {b0} while job {sa} ran until {a1}"
     return figures
+
+
+def check_group_kills(ends: list[dict[str, Any]], starts: list[dict[str, Any]], expected: Mapping[str, int],
+                      kills: Mapping[int, int], events: Mapping[str, Any], *,
+                      lags: Sequence[Mapping[str, Any]] = ()) -> Figures:
+    """The group SIGKILL tests (tests/test_groups.py, tests/test_interop_groups.py): their records
+    (tests/group_helpers.py: the Python and the Node handler record each run's job id, attempt,
+    pid, start and end) judged as the crash soak's are, by `judge_repeats`: a repeated run is
+    accepted only if a kill explains it (the earlier run's pid was killed before that run ended and
+    before the job stalled), or counted as a lock lost by a live worker (with its stalled event);
+    any other fails. Then `check_groups`: every job of every group done, in add order, one at a
+    time, the only overlaps around a lost lock. ``kills``: pid -> ms of every SIGKILL; ``events``:
+    `finish_events` of the queue. Returns the figures; call `judge_lock_lost` with them."""
+    def with_attempt(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{**r, "a": r.get("a", 1)} for r in records]
+
+    repeats = judge_repeats(with_attempt(starts), with_attempt(ends), kills, events, lags=lags)
+    check_groups(ends, starts, expected, use_counter=False, cut_off=kills, allow_reruns=True,
+                 may_overlap=repeats.may_overlap)
+    return Figures(jobs=len(repeats.runs), grouped=sum(expected.values()), groups=len(expected),
+                   completed=len({(e["g"], e["s"]) for e in ends}), starts=len(repeats.starts), kills=len(kills),
+                   killed_runs=repeats.killed_runs, duplicates=repeats.duplicates, lock_lost=repeats.lock_lost,
+                   stalled_events=sum(events["stalled"].values()), lock_lost_runs=repeats.lock_lost_runs)
 
 
 def judge_lock_lost(figures: Figures, what: str) -> None:

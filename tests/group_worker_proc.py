@@ -4,7 +4,9 @@
         [--stalled-interval MS] [--sweep-interval S]
 
 Prints {"ready": pid} once consuming; SIGTERM/SIGINT close it gracefully. The processor is
-tests/group_helpers.py's ``recording_processor`` (records into ``rec:<QUEUE>``).
+tests/group_helpers.py's ``recording_processor`` (records into ``rec:<QUEUE>``, each run with this
+process's pid); the process's event-loop lags go to ``rec:<QUEUE>:lags`` as {"pid", "t", "lag"}
+(tests/chaos_worker_proc.py's `watch_lag`), so a lock lost by this worker is printed with its lag.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import os
 import sys
 
 from bullmq_compat import Worker
+from tests.chaos_worker_proc import retried, watch_lag
 from tests.group_helpers import rec_key, recording_processor
 
 
@@ -32,9 +35,12 @@ async def main() -> None:
                     lock_duration=args.lock_duration, stalled_interval=args.stalled_interval,
                     group_sweep_interval=args.sweep_interval)
     worker.on("ready", lambda: (sys.stdout.write(json.dumps({"ready": os.getpid()}) + "\n"), sys.stdout.flush()))
+    lags = f"{rec_key(args.queue)}:lags"
+    watcher = asyncio.ensure_future(watch_lag(lambda lag: retried(lambda: client.rpush(lags, json.dumps(lag)))))
     try:
         await worker.run()
     finally:
+        watcher.cancel()
         await client.aclose()
 
 

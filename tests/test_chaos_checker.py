@@ -1,13 +1,14 @@
 """`tests.chaos_helpers.check_runs` itself (issue #31 §1): what explains a repeated run.
 
-The soaks (tests/test_chaos.py, tests/test_postgres_reliability.py) trust this checker, so it is
-tested on hand-made records of one job whose second run repeats its first: a repeat is explained
-by a kill only if the first run's process was killed after the run started, before the repeat
-started and before the run's finish was acknowledged; any other repeat with a ``stalled`` event is
-a lock lost by a live worker (counted, printed, the only overlap permitted, failed in
-``make chaos``); one without is unexplained and fails at once. The crash soak used to pass every
-job with a ``stalled`` event as ``may_repeat``, which waived these checks for every job recovered
-after a kill.
+The soaks (tests/test_chaos.py, tests/test_postgres_reliability.py, and through `judge_repeats`
+the group SIGKILL tests) trust this checker, so it is tested on hand-made records of one job whose
+second run repeats its first: a repeat is explained by a kill only if the first run's process was
+killed after the run started, before the repeat started, before the run's finish was acknowledged
+and before the job stalled (no stalled event between the run's start and the kill); any other
+repeat with a ``stalled`` event is a lock lost by a live worker (counted, printed, the only
+overlap permitted, failed in ``make chaos``); one without is unexplained and fails at once. The
+crash soak used to pass every job with a ``stalled`` event as ``may_repeat``, which waived these
+checks for every job recovered after a kill.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any, Optional
 import pytest
 
 from tests import chaos_helpers
-from tests.chaos_helpers import Figures, Plan, check_runs, judge_lock_lost
+from tests.chaos_helpers import Figures, Plan, check_group_kills, check_runs, judge_lock_lost
 
 JOB = "1"
 PID_A, PID_B = 100, 200
@@ -93,6 +94,20 @@ def test_a_kill_after_the_repeat_started_does_not_explain_it() -> None:
     assert "killed at 3500" in figures.lock_lost_runs[0]
 
 
+def test_a_kill_after_the_job_had_stalled_does_not_explain_its_repeat() -> None:
+    """The job's stalled event (1100) came before its process was killed (1200): the lock was
+    already lost while that process lived, so the repeat (1300, after the kill) is a lost lock,
+    not a kill's. The same records with the stalled event after the kill are a kill's."""
+    figures = check([(PID_A, 1000, 0, False), (PID_B, 1300, 1350, True)], kills={PID_A: 1200},
+                    stalled_at=(1100,), fins=((PID_B, 1300, 1360),))
+    assert (figures.duplicates, figures.killed_runs, figures.lock_lost, figures.unexplained) == (1, 1, 1, 0)
+    assert "killed at 1200" in figures.lock_lost_runs[0]
+    assert "stalled events at [1100]" in figures.lock_lost_runs[0]
+    figures = check([(PID_A, 1000, 0, False), (PID_B, 1300, 1350, True)], kills={PID_A: 1200},
+                    stalled_at=(1250,), fins=((PID_B, 1300, 1360),))
+    assert (figures.duplicates, figures.killed_runs, figures.lock_lost) == (1, 1, 0)
+
+
 def test_a_kill_after_the_finish_was_acknowledged_does_not_explain_a_repeat() -> None:
     figures = check([(PID_A, 1000, 1050, True), (PID_B, 3000, 3050, True)], kills={PID_A: 1500},
                     stalled_at=(2600,), fins=((PID_A, 1000, 1060), (PID_B, 3000, 3060)))
@@ -121,3 +136,25 @@ def test_a_lost_lock_fails_make_chaos_and_is_reported_in_make_test(monkeypatch: 
     monkeypatch.setattr(chaos_helpers, "CHAOS", True)
     with pytest.raises(AssertionError, match="1 locks lost by live workers"):
         judge_lock_lost(figures, "soak")
+
+
+def test_the_group_kill_check_accepts_a_repeat_only_where_a_kill_explains_it() -> None:
+    """`check_group_kills` (the group SIGKILL tests) judges tests/group_helpers.py's records the
+    same way: a killed run's repeat passes; the same repeat of a run whose process lived fails."""
+    def records(ended: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        starts = [{"g": "G", "s": 0, "id": JOB, "a": 1, "t0": t0, "pid": pid} for pid, t0 in ((PID_A, 1000),
+                                                                                            (PID_B, 3000))]
+        ends = [{"g": "G", "s": 0, "id": JOB, "a": 1, "t0": 3000, "t1": 3050, "pid": PID_B, "n": 1}]
+        if ended:
+            ends.insert(0, {"g": "G", "s": 0, "id": JOB, "a": 1, "t0": 1000, "t1": 1050, "pid": PID_A, "n": 1})
+        return ends, starts
+
+    def events(*stalled_at: int) -> dict[str, Any]:
+        return {"stalled": Counter({JOB: len(stalled_at)}), "stalled_at": {JOB: list(stalled_at)}}
+
+    figures = check_group_kills(*records(False), {"G": 1}, {PID_A: 1200}, events(2600))
+    assert (figures.killed_runs, figures.duplicates, figures.lock_lost) == (1, 1, 0)
+    figures = check_group_kills(*records(False), {"G": 1}, {PID_A: 1200}, events(1100))
+    assert figures.lock_lost == 1
+    with pytest.raises(AssertionError, match="1 repeated runs not explained"):
+        check_group_kills(*records(True), {"G": 1}, {}, events())
