@@ -27,6 +27,7 @@ from bullmq_compat import (
     migrate_postgres,
 )
 from tests.helpers import wait_until
+from tests.pg_interop_helpers import pg_of
 
 PRODUCERS = 8
 PER_PRODUCER = 20
@@ -42,7 +43,8 @@ async def setup(request: pytest.FixtureRequest, queue_name: str) -> AsyncIterato
         url = request.getfixturevalue("postgres_url")
         schema = request.getfixturevalue("pg_schema")
         await migrate_postgres(url, schema, groups=True)
-        yield {"backend": "postgres", "url": url, "schema": schema, "kw": {"connection": url, "schema": schema}}
+        yield {"backend": "postgres", "url": url, "schema": schema, "kw": {"connection": url, "schema": schema},
+               "node": pg_of(url, schema, migrate=False)}
 
 
 async def footprint(setup: dict[str, Any], queue: str) -> dict[str, Any]:
@@ -264,7 +266,6 @@ async def test_a_node_producer_on_postgres_is_refused_by_the_database(
     """A plain Node producer's `{group: {id, maxSize}}` (no bullmq-compat code in Node): the trigger
     refuses it once the group is full (SQLSTATE BQG01), and its add writes nothing."""
     from tests.node import NodeError, node
-    from tests.pg_interop_helpers import pg_of
 
     await migrate_postgres(postgres_url, pg_schema, groups=True)
     pg = pg_of(postgres_url, pg_schema, migrate=False)

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Optional
+from typing import Any, Optional
 
 import pytest
 
@@ -27,23 +27,9 @@ from tests.pg_group_interop_helpers import (
     read_runs,
     send_signal,
 )
-from tests.pg_interop_helpers import pg_of
-from tests.test_group_max_size import footprint
+from tests.test_group_max_size import footprint, setup  # noqa: F401  (setup: a fixture, both backends)
 from tests.test_group_rate_limit import items
 from tests.test_postgres_group_rate_limit import check_rates, wait_finished
-
-
-@pytest.fixture(params=["redis", "postgres"])
-async def setup(request: pytest.FixtureRequest, queue_name: str) -> AsyncIterator[dict[str, Any]]:
-    if request.param == "redis":
-        url = request.getfixturevalue("redis_url")
-        yield {"backend": "redis", "url": url, "kw": {"connection": url}}
-    else:
-        url = request.getfixturevalue("postgres_url")
-        schema = request.getfixturevalue("pg_schema")
-        await migrate_postgres(url, schema, groups=True)
-        yield {"backend": "postgres", "url": url, "schema": schema, "kw": {"connection": url, "schema": schema},
-               "node": pg_of(url, schema, migrate=False)}
 
 
 @pytest.fixture

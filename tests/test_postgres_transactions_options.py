@@ -27,17 +27,11 @@ from bullmq_compat import FlowProducer, InvalidArgument, Job, ParentJobCannotBeR
 from tests.helpers import wait_until
 from tests.node import node
 from tests.pg_interop_helpers import pg_of
+from tests.test_postgres_transactions import orders  # noqa: F401  (a fixture: the business table)
 
 
 async def noop(job: Job) -> None:  # a processor path for use_processes=True
     return None
-
-
-@pytest.fixture
-async def orders(postgres_url: str, pg_migrated: str) -> str:
-    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as conn:
-        await conn.execute(f'CREATE TABLE "{pg_migrated}".orders (id int PRIMARY KEY, note text)')
-    return f'"{pg_migrated}".orders'
 
 
 @pytest.fixture
