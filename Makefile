@@ -117,12 +117,13 @@ demo: setup
 	$(VPY) scripts/demo.py
 
 # the comparison rows (Node, the official port, ours), then what a PostgreSQL transaction costs (issue #29's pairs)
+# (a row that misses its target under BENCH_ARGS=--check makes the target fail at the end, after every step ran)
 bench: setup pgbench
-	$(VPY) scripts/bench.py $(BENCH_ARGS)
-	$(VPY) scripts/bench_transactions.py $(BENCH_TX_ARGS)
-	$(VPY) scripts/bench_relay.py $(BENCH_RELAY_ARGS)
-	test -x $(STARTUP_VENV)/bin/python || ($(PY) -m venv $(STARTUP_VENV) && $(STARTUP_VENV)/bin/pip install -q -e .)
-	$(VPY) scripts/bench_startup.py --python $(STARTUP_VENV)/bin/python $(BENCH_STARTUP_ARGS)
+	rc=0; $(VPY) scripts/bench.py $(BENCH_ARGS) || rc=$$?; \
+	$(VPY) scripts/bench_transactions.py $(BENCH_TX_ARGS) && \
+	$(VPY) scripts/bench_relay.py $(BENCH_RELAY_ARGS) && \
+	{ test -x $(STARTUP_VENV)/bin/python || ($(PY) -m venv $(STARTUP_VENV) && $(STARTUP_VENV)/bin/pip install -q -e .); } && \
+	$(VPY) scripts/bench_startup.py --python $(STARTUP_VENV)/bin/python $(BENCH_STARTUP_ARGS) && exit $$rc
 
 # a worker's and a producer's RSS over 1,000,000 jobs (own redis-server; about 20 minutes)
 bench-memory: setup
