@@ -184,3 +184,19 @@ async def no_retained(relay: Any) -> bool:
     await asyncio.sleep(0.005)
     return True
 
+
+
+class SlowListener:
+    """A listener that holds its first message (data 0) until `release` is set, then records the
+    data of every message it is given (``got``); `entered` is set once it holds message 0."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+        self.got: list[Any] = []
+
+    async def __call__(self, message: Any) -> None:
+        if message.data == 0:
+            self.entered.set()
+            await self.release.wait()
+        self.got.append(message.data)

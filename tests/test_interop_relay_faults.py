@@ -37,7 +37,7 @@ from bullmq_compat import Relay, RelayError, RelayMessage, migrate_postgres
 from tests._postgres_server import PostgresServer
 from tests._redis_server import RedisServer
 from tests.helpers import wait_until
-from tests.relay_helpers import RelayProc
+from tests.relay_helpers import RelayProc, SlowListener
 
 #: ms: far above a loaded machine's stalls, short enough for a pause to outlast it
 LEASE = 3000
@@ -213,14 +213,8 @@ async def test_slow_listener_lags_under_a_node_publisher_and_keeps_the_newest(st
     py = store.relay(ns, node_id=uid("py-slow"), inbox_max_length=20, lag_threshold=5, block_timeout=1000)
     lags: list[int] = []
     py.on("lag", lags.append)
-    entered, release = asyncio.Event(), asyncio.Event()
-    got: list[int] = []
-
-    async def slow(message: RelayMessage) -> None:
-        if message.data == 0:
-            entered.set()
-            await release.wait()
-        got.append(message.data)
+    slow = SlowListener()
+    entered, release, got = slow.entered, slow.release, slow.got
 
     try:
         await py.subscribe("load.x", slow)

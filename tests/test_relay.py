@@ -23,7 +23,7 @@ from bullmq_compat._errors import InvalidArgument, QueueClosed
 from bullmq_compat._version import __version__
 from tests._redis_server import RedisServer
 from tests.helpers import wait_until
-from tests.relay_helpers import RelayProc, no_retained
+from tests.relay_helpers import RelayProc, SlowListener, no_retained
 
 FAST = {"lease_duration": 1000, "block_timeout": 1000}
 
@@ -171,14 +171,8 @@ async def test_slow_listener_lags_and_the_inbox_keeps_at_most_its_cap(relays: An
     b = await relays()
     lags: list[int] = []
     a.on("lag", lags.append)
-    entered, release = asyncio.Event(), asyncio.Event()
-    got: list[int] = []
-
-    async def slow(message: RelayMessage) -> None:
-        if message.data == 0:
-            entered.set()
-            await release.wait()
-        got.append(message.data)
+    slow = SlowListener()
+    entered, release, got = slow.entered, slow.release, slow.got
 
     await a.subscribe("load.x", slow)
     await b.publish("load.x", 0)
