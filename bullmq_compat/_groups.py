@@ -87,15 +87,10 @@ def group_priority(opts: Mapping[str, Any]) -> int:
     return int(group.get("priority") or 0) if isinstance(group, Mapping) else 0
 
 
-def group_max_size(opts: Mapping[str, Any]) -> Optional[int]:
-    """The ``maxSize`` of a job's (checked) group option, None when it has none."""
-    group = opts.get("group")
-    return group.get("maxSize") if isinstance(group, Mapping) else None
-
-
 def stored_max_size(opts: Any) -> Optional[int]:
-    """The ``maxSize`` a stored job's options carry (``opts.group.maxSize``: a number >= 1, floored, as
-    the gate reads it, from a Python or a Node producer), None when it carries none."""
+    """The ``maxSize`` a job's options carry (``opts.group.maxSize``: a number >= 1, floored, as the
+    gate reads it; checked options from us, or stored ones from a Python or a Node producer), None
+    when they carry none."""
     group = opts.get("group") if isinstance(opts, Mapping) else None
     value = group.get("maxSize") if isinstance(group, Mapping) else None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1:

@@ -15,28 +15,21 @@ from typing import Any, Optional
 
 import pytest
 
-from bullmq_compat import GroupMaxSizeExceeded, Queue, Worker, migrate_postgres
+from bullmq_compat import GroupMaxSizeExceeded, Queue, Worker
 from tests.group_helpers import check_groups
 from tests.helpers import wait_until
 from tests.node import NodeError, node
 from tests.pg_group_helpers import wait_for
 from tests.pg_group_interop_helpers import (
-    create_recorder,
     node_group_workers,
     python_workers,
     read_runs,
+    runs,
     send_signal,
 )
 from tests.test_group_max_size import footprint, setup  # noqa: F401  (setup: a fixture, both backends)
 from tests.test_group_rate_limit import items
-from tests.test_postgres_group_rate_limit import check_rates, wait_finished
-
-
-@pytest.fixture
-async def gschema(postgres_url: str, pg_schema: str) -> str:
-    await migrate_postgres(postgres_url, pg_schema, groups=True)
-    await create_recorder(postgres_url, pg_schema)
-    return pg_schema
+from tests.test_postgres_group_rate_limit import check_rates, gschema, wait_finished  # noqa: F401  (gschema: a fixture)
 
 
 def max_sizes(groups: list[dict[str, Any]]) -> dict[str, Optional[int]]:
@@ -212,10 +205,13 @@ async def test_node_workers_keep_the_rate_limit_with_group_concurrency_2_on_post
                 item["data"]["holdUntil"] = "A-go"
         await queue.add_bulk(bulk)
         async with node_group_workers(postgres_url, gschema, queue_name, workers=2, concurrency=4, drainDelay=1):
-            async def two_of_a_active() -> bool:
-                return await queue.get_group_active_count("A") == 2
+            async def two_of_a_running() -> bool:
+                # both processors have recorded their start (active in the database alone is not
+                # enough: a run recorded after the signal could start after the other one ended)
+                held = [r for r in await runs(postgres_url, gschema, queue_name) if r["g"] == "A" and r["t1"] is None]
+                return await queue.get_group_active_count("A") == 2 and len(held) == 2
 
-            await wait_for(two_of_a_active, 60, "A's first two jobs active at once under Node workers")
+            await wait_for(two_of_a_running, 60, "A's first two jobs running at once under Node workers")
             await send_signal(postgres_url, gschema, queue_name, "A-go")
             await wait_finished(postgres_url, gschema, queue_name, sum(groups.values()))
         ends, starts = await read_runs(postgres_url, gschema, queue_name)

@@ -42,7 +42,7 @@ from bullmq_compat._errors import (
     PostgresUnavailable,
     script_error,
 )
-from bullmq_compat._groups import group_max_size, group_priority
+from bullmq_compat._groups import group_priority, stored_max_size
 
 #: Node's commandByType: the list-backed states whose ranges the getters reverse when ``asc``
 _LIST_STATES = frozenset({"active", "wait", "waiting"})
@@ -220,7 +220,7 @@ class PostgresBackend(JobSchedulerCalls, QueueBackend):
             # without our triggers a group job would go straight to wait; max_size: version 2's trigger;
             # a group priority: version 3's order
             await self.ensure_groups(3 if any(group_priority(job.opts) for job in jobs)
-                                     else 2 if any(group_max_size(job.opts) for job in jobs) else 1)
+                                     else 2 if any(stored_max_size(job.opts) for job in jobs) else 1)
         plan = self._add_plan(jobs)
         if plan.command is None:
             return plan.results
