@@ -328,7 +328,7 @@ async def test_node_migrator_and_ledger_beside_our_install_and_after_our_drop(
         assert await sql(postgres_url, pg_schema, LEDGER) == ledger
         assert [row[:2] for row in await sql(postgres_url, pg_schema, "SELECT version, name FROM bullmq_compat_migration")
                 ] == [(1, "0001_group_gate"), (2, "0002_group_max_size"), (3, "0003_group_priority"),
-                    (4, "0004_group_rate_limit"), (5, "0005_group_start_clock")]
+                    (4, "0004_group_rate_limit"), (5, "0005_group_start_clock"), (6, "0006_group_release_statement")]
         ours = await sql(postgres_url, pg_schema, OBJECTS_OF_OURS, {"s": pg_schema})
         assert ("trigger bullmq_compat_gate_insert",) in ours and ("rel bullmq_compat_group",) in ours
 

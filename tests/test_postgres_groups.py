@@ -813,7 +813,7 @@ async def test_installing_twice_is_a_no_op_and_install_refuses_a_schema_node_has
     before = await all_objects(postgres_url, pg_schema)
     ledger = await sql_rows(postgres_url, f'SELECT version, name, applied_at FROM "{pg_schema}".bullmq_compat_migration')
     assert [(v, n) for v, n, _ in ledger] == [(1, "0001_group_gate"), (2, "0002_group_max_size"), (3, "0003_group_priority"),
-        (4, "0004_group_rate_limit"), (5, "0005_group_start_clock")]
+        (4, "0004_group_rate_limit"), (5, "0005_group_start_clock"), (6, "0006_group_release_statement")]
     assert await migrate_postgres(postgres_url, pg_schema, groups=True) == 11
     assert await all_objects(postgres_url, pg_schema) == before  # nothing dropped and made again
     assert await sql_rows(postgres_url, f'SELECT version, name, applied_at FROM "{pg_schema}".bullmq_compat_migration'

@@ -142,7 +142,7 @@ def test_cli_migrate_groups_installs_the_gate_info_lists_groups_and_drop_groups_
     with psycopg.connect(postgres_url, autocommit=True) as conn:
         ours = conn.execute(f'SELECT version, name FROM "{pg_schema}".bullmq_compat_migration').fetchall()
     assert ours == [(1, "0001_group_gate"), (2, "0002_group_max_size"), (3, "0003_group_priority"),
-        (4, "0004_group_rate_limit"), (5, "0005_group_start_clock")]
+        (4, "0004_group_rate_limit"), (5, "0005_group_start_clock"), (6, "0006_group_release_statement")]
     assert cli("migrate", *pg, "--groups").stdout == installed.stdout  # a no-op the second time
     for i in range(3):
         added = cli("add", *pg, "--queue", "mail", "--name", "n", "--opts", '{"group": {"id": "user:1"}}')

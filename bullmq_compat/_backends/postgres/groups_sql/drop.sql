@@ -54,6 +54,7 @@ DROP FUNCTION IF EXISTS bullmq_compat_sweep_groups(text, bigint);
 DROP FUNCTION IF EXISTS bullmq_compat_release(text, text, bigint);
 DROP FUNCTION IF EXISTS bullmq_compat_release_locked(text, text, bigint);
 DROP FUNCTION IF EXISTS bullmq_compat_release_locked(text, text, bigint, integer);
+DROP FUNCTION IF EXISTS bullmq_compat_release_rated(text, text, bigint, integer);
 DROP FUNCTION IF EXISTS bullmq_compat_may_pass(text, text, bigint, bigint, boolean, bigint, boolean, integer);
 DROP FUNCTION IF EXISTS bullmq_compat_reclaim(text, text, bigint);
 DROP FUNCTION IF EXISTS bullmq_compat_due(jsonb, bigint, bigint, bigint);
