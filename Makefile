@@ -122,6 +122,7 @@ bench: setup pgbench
 	rc=0; $(VPY) scripts/bench.py $(BENCH_ARGS) || rc=$$?; \
 	$(VPY) scripts/bench_transactions.py $(BENCH_TX_ARGS) && \
 	$(VPY) scripts/bench_relay.py $(BENCH_RELAY_ARGS) && \
+	$(VPY) scripts/bench_pg_gate.py $(BENCH_GATE_ARGS) && \
 	{ test -x $(STARTUP_VENV)/bin/python || ($(PY) -m venv $(STARTUP_VENV) && $(STARTUP_VENV)/bin/pip install -q -e .); } && \
 	$(VPY) scripts/bench_startup.py --python $(STARTUP_VENV)/bin/python $(BENCH_STARTUP_ARGS) && exit $$rc
 

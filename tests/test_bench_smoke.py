@@ -193,3 +193,30 @@ def test_bench_relay_rows(postgres_url: str) -> None:
             assert cells[4].endswith("×"), row
     assert "LOST" not in proc.stdout and "FAILED" not in proc.stdout, proc.stdout
     assert schemas() - before == set(), "schemas left behind"
+
+
+def test_bench_pg_gate_rows(postgres_url: str) -> None:
+    """scripts/bench_pg_gate.py (make bench's step for the group gate's server CPU), tiny, on the
+    suite's PostgreSQL: a plain and a grouped run per round, every job finished (the script voids a
+    run otherwise), both medians and the difference printed, and every schema it made dropped."""
+    import psycopg
+
+    def schemas() -> set[str]:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            rows = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'bench_gate_%'").fetchall()
+        return {r[0] for r in rows}
+
+    before = schemas()
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_pg_gate.py"), "--jobs", "60", "--groups", "6",
+                           "--rounds", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", "POSTGRES_URL": postgres_url})
+    if "is not a process of this machine" in proc.stderr:
+        pytest.skip("the suite's PostgreSQL runs on another machine: its backends' CPU cannot be read here")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    runs = [line.split() for line in proc.stdout.splitlines() if line.startswith("  round ")]
+    assert sorted(r[2] for r in runs) == ["grouped", "grouped", "plain", "plain"], proc.stdout
+    assert all(float(r[-2]) > 0 for r in runs), proc.stdout  # wall µs per job
+    for kind in ("plain", "grouped"):
+        assert any(line.startswith(f"  {kind} ") and "server CPU" in line for line in proc.stdout.splitlines()), proc.stdout
+    assert "grouped - plain:" in proc.stdout, proc.stdout
+    assert schemas() - before == set(), "schemas left behind"
