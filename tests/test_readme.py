@@ -178,10 +178,15 @@ def _finish(block: Block, proc: subprocess.Popen[str]) -> str:
 
 
 def _run_together(pairs: list[tuple[Block, str]], tmp_path: Path, installed: Path,
-                  diagnose: Optional[Callable[[], str]] = None) -> list[str]:
+                  diagnose: Optional[Callable[[], str]] = None,
+                  first_ready: Optional[Callable[["subprocess.Popen[str]"], None]] = None) -> list[str]:
     """Run the blocks at once; each must exit 0. When one fails, the message also has what the
-    others printed (each stopped first) and ``diagnose()``'s account of the datastore."""
-    procs = [(block, _start(block, text, tmp_path, installed)) for block, text in pairs]
+    others printed (each stopped first) and ``diagnose()``'s account of the datastore. With
+    ``first_ready``, the others start once it has returned (it waits on the first block's process)."""
+    procs = [(pairs[0][0], _start(pairs[0][0], pairs[0][1], tmp_path, installed))]
+    if first_ready is not None:
+        first_ready(procs[0][1])
+    procs += [(block, _start(block, text, tmp_path, installed)) for block, text in pairs[1:]]
     try:
         return [_finish(block, proc) for block, proc in procs]
     except (AssertionError, pytest.fail.Exception) as failure:
@@ -260,10 +265,32 @@ def test_the_redis_blocks_run_as_pasted(redis_url: str, tmp_path: Path, installe
             assert "'double': 42" in out  # the job's return value, read back from the queue
 
 
+def _until_events_are_read(redis_url: str, proc: "subprocess.Popen[str]", timeout_s: float = 60) -> None:
+    """Until a client blocks in XREAD (the Node producer's QueueEvents reading from ``$``), or the
+    process has exited. A worker already running would finish the Node producer's job within ms:
+    done before that XREAD, its completed event is never read, and upstream's waitUntilFinished
+    times out (seen once in a fresh-clone run). The worker starts once the events are read."""
+    import time
+
+    import redis
+
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and proc.poll() is None:
+            if any(c.get("cmd") == "xread" and "b" in c.get("flags", "") for c in client.client_list()):
+                return
+            time.sleep(0.05)
+    finally:
+        client.close()
+
+
 def test_the_node_producer_and_the_python_worker_run_together(redis_url: str, tmp_path: Path, installed: Path) -> None:
     chosen = node_section_blocks()
+    assert [block.runner for block in chosen] == ["node", "python"]
     outputs = _run_together([(block, substituted(block, redis_url)) for block in chosen], tmp_path, installed,
-                            lambda: _redis_queue_state(redis_url, "emails"))
+                            lambda: _redis_queue_state(redis_url, "emails"),
+                            first_ready=lambda proc: _until_events_are_read(redis_url, proc))
     node_out = next(out for block, out in zip(chosen, outputs) if block.runner == "node")
     assert "double" in node_out and "42" in node_out  # what the Python worker returned, as Node read it
 
