@@ -306,6 +306,18 @@ def numbers(messages: list[dict[str, Any]]) -> list[int]:
     return [m["data"]["n"] for m in messages]
 
 
+async def both_routed_again(loop: PublishLoop, node: Any, py_at_halt: int, node_at_halt: dict[str, Any],
+                            timeout: float) -> None:
+    """After a datastore restart: until 10 more of our publishes and 11 more of Node's are routed
+    (+ 1: the publish under way at the halt may be routed by the restarted server)."""
+    async def node_routed_again() -> bool:
+        return bool((await node.call("loopState"))["routed"] >= node_at_halt["routed"] + 11)
+
+    await wait_until(lambda: len([n for n in loop.routed if n > py_at_halt]) >= 10, timeout,
+                     "our publishes to be routed after the restart")
+    await wait_until(node_routed_again, timeout, "Node's publishes to be routed after the restart")
+
+
 async def test_redis_restart_under_node_and_python_publishing_loops(queue_name: str) -> None:
     server = RedisServer().start()
     try:
@@ -337,13 +349,7 @@ async def test_redis_restart_under_node_and_python_publishing_loops(queue_name: 
                     await wait_until(lambda: recovered, 60, "our 'recovered'")
                     await node.wait_event(is_event("recovered"), 60, "Node's 'recovered'")
 
-                    async def node_routed_again() -> bool:
-                        # + 1: the publish under way at the halt may be routed by the new server
-                        return (await node.call("loopState"))["routed"] >= node_at_halt["routed"] + 11
-
-                    await wait_until(lambda: len([n for n in loop.routed if n > py_at_halt]) >= 10, 60,
-                                     "our publishes to be routed after the restart")
-                    await wait_until(node_routed_again, 60, "Node's publishes to be routed after the restart")
+                    await both_routed_again(loop, node, py_at_halt, node_at_halt, 60)
                 finally:
                     await loop.stop()
                 node_loop = await node.call("stopLoop", detail=True)
@@ -391,12 +397,7 @@ async def test_postgres_restart_loses_nothing_routed(queue_name: str) -> None:
                     await asyncio.sleep(1.0)  # the outage
                     await asyncio.to_thread(server.boot)
 
-                    async def node_routed_again() -> bool:
-                        return (await node.call("loopState"))["routed"] >= node_at_halt["routed"] + 11
-
-                    await wait_until(lambda: len([n for n in loop.routed if n > py_at_halt]) >= 10, 90,
-                                     "our publishes to be routed after the restart")
-                    await wait_until(node_routed_again, 90, "Node's publishes to be routed after the restart")
+                    await both_routed_again(loop, node, py_at_halt, node_at_halt, 90)
                 finally:
                     await loop.stop()
                 node_loop = await node.call("stopLoop", detail=True)

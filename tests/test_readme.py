@@ -265,20 +265,24 @@ def test_the_redis_blocks_run_as_pasted(redis_url: str, tmp_path: Path, installe
             assert "'double': 42" in out  # the job's return value, read back from the queue
 
 
-def _until_events_are_read(redis_url: str, proc: "subprocess.Popen[str]", timeout_s: float = 60) -> None:
-    """Until a client blocks in XREAD (the Node producer's QueueEvents reading from ``$``), or the
-    process has exited. A worker already running would finish the Node producer's job within ms:
-    done before that XREAD, its completed event is never read, and upstream's waitUntilFinished
-    times out (seen once in a fresh-clone run). The worker starts once the events are read."""
+def _until_events_are_read(redis_url: str, queue: str, proc: "subprocess.Popen[str]", timeout_s: float = 60) -> None:
+    """Until the queue's QueueEvents (the Node producer's: its connection is named
+    ``bull:<queue in base64>:qe``) blocks in XREAD from ``$``, or the process has exited. A worker
+    already running would finish the Node producer's job within ms: done before that XREAD, its
+    completed event is never read, and upstream's waitUntilFinished times out (seen once in a
+    fresh-clone run). The worker starts once the events are read."""
+    import base64
     import time
 
     import redis
 
+    name = f"bull:{base64.b64encode(queue.encode()).decode()}:qe"
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and proc.poll() is None:
-            if any(c.get("cmd") == "xread" and "b" in c.get("flags", "") for c in client.client_list()):
+            if any(c.get("name") == name and c.get("cmd") == "xread" and "b" in c.get("flags", "")
+                   for c in client.client_list()):
                 return
             time.sleep(0.05)
     finally:
@@ -290,7 +294,7 @@ def test_the_node_producer_and_the_python_worker_run_together(redis_url: str, tm
     assert [block.runner for block in chosen] == ["node", "python"]
     outputs = _run_together([(block, substituted(block, redis_url)) for block in chosen], tmp_path, installed,
                             lambda: _redis_queue_state(redis_url, "emails"),
-                            first_ready=lambda proc: _until_events_are_read(redis_url, proc))
+                            first_ready=lambda proc: _until_events_are_read(redis_url, "emails", proc))
     node_out = next(out for block, out in zip(chosen, outputs) if block.runner == "node")
     assert "double" in node_out and "42" in node_out  # what the Python worker returned, as Node read it
 
